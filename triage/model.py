@@ -27,6 +27,10 @@ class KernelRecord:
     monotonic: float | None = None
     #: Epoch seconds when the format carries a wall clock (journal, syslog, dmesg -T).
     wall: float | None = None
+    #: Seconds from an origin that only this input knows (dmesg --reltime deltas, a
+    #: dmesg -T stamp in a locale that cannot be read): orders and spaces records
+    #: within the input, never compared with another clock.
+    relative: float | None = None
     #: /dev/kmsg sequence number.
     seq: int | None = None
     #: syslog priority 0..7 when known.
