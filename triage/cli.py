@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .engine import Engine
 from .patterns import PatternError, check_examples, load_directory, shipped_patterns_dir
+from .render import format_text, incident_to_dict
+from .scan import InputError, scan
 
 
 class UsageError(Exception):
@@ -35,10 +41,91 @@ def _patterns_check(args: argparse.Namespace) -> int:
     return 0 if problems == 0 else 1
 
 
+def _parse_boot_time(value: str) -> float:
+    try:
+        moment = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--boot-time: not an ISO 8601 time: {value!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # naive: the local time of this machine
+    return moment.timestamp()
+
+
+def _load_engine(pattern_dirs: Sequence[str]) -> Engine:
+    for directory in pattern_dirs:
+        if not Path(directory).is_dir():
+            raise UsageError(f"--patterns: not a directory: {directory}")
+    try:
+        return Engine.load([Path(d) for d in pattern_dirs])
+    except PatternError as error:
+        raise UsageError(str(error)) from None
+
+
+def _scan(args: argparse.Namespace) -> int:
+    if not args.kernel and not args.log:
+        raise UsageError("scan: give at least one --kernel FILE or --log FILE")
+    boot_time = _parse_boot_time(args.boot_time) if args.boot_time else None
+    engine = _load_engine(args.patterns)
+    try:
+        result = scan(engine, args.kernel, args.log, boot_time=boot_time, one_window=args.one_window)
+    except InputError as error:
+        raise UsageError(str(error)) from None
+    if args.format == "json":
+        document = {
+            "incidents": [incident_to_dict(incident) for incident in result.incidents],
+            "clock": {"mode": result.clock, "note": result.clock_note},
+            "inputs": [{"path": r.path, "kind": r.kind, **r.stats} for r in result.inputs],
+        }
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        sys.stdout.write(format_text(result.incidents, colour=colour))
+        if result.clock == "one_window" and result.clock_note and not args.one_window:
+            sys.stdout.write(f"note: {result.clock_note}; correlated as one window\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triage", description=__doc__)
     parser.add_argument("--version", action="version", version=f"triage {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+
+    scan_parser = commands.add_parser(
+        "scan",
+        help="triage saved logs offline",
+        description="Correlate saved kernel and training logs into labelled incidents.",
+    )
+    scan_parser.add_argument(
+        "--kernel",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="kernel log: dmesg, dmesg -T, journalctl (short*, json, export), kern.log or a /dev/kmsg dump; "
+        "- for stdin; .gz ok",
+    )
+    scan_parser.add_argument(
+        "--log",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="training log (torchrun, DeepSpeed, LLaMA-Factory output); - for stdin; .gz ok",
+    )
+    scan_parser.add_argument(
+        "--boot-time", metavar="ISO8601", help="when the node booted, to put dmesg stamps on the wall clock"
+    )
+    scan_parser.add_argument(
+        "--patterns", action="append", default=[], metavar="DIR", help="extra rule directory (overrides by rule id)"
+    )
+    scan_parser.add_argument("--format", choices=("text", "json"), default="text")
+    scan_parser.add_argument(
+        "--one-window",
+        action="store_true",
+        help="the logs share no clock: correlate everything in them as one time window",
+    )
+    scan_parser.set_defaults(handler=_scan)
 
     patterns = commands.add_parser("patterns", help="work with pattern files")
     patterns_commands = patterns.add_subparsers(dest="patterns_command", required=True)

@@ -50,6 +50,8 @@ class KernelEvent:
     category: str
     title: str
     records: list[KernelRecord]
+    #: What to do, from the rule that named the event.
+    hint: str = ""
     #: Other rule ids whose lines were folded into this event (status lines of a fault).
     detail_rules: list[str] = field(default_factory=list)
     device: str | None = None

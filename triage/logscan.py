@@ -1,0 +1,266 @@
+"""Reads a training log as bytes, incrementally, and yields the failures in it.
+
+Most of a training log never needs a detailed look. The scanner jumps from one
+candidate line to the next with the prefilter; only there (and for as long as a
+traceback stays open) does it split lines, strip torchrun prefixes, read stamps
+and feed the failure assembler. The same object serves `triage scan` (a whole
+file) and the daemon (bytes as they are appended), so both see the same failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .literals import Literal
+from .model import ProgramFailure, ProgramLine, TimeSource
+from .patterns import Rule
+from .prefilter import Prefilter
+from .program.assembler import FailureAssembler
+from .program.prefix import split_prefix
+from .program.timestamps import parse_stamp
+
+#: Longest line kept whole; the rest of a longer line is dropped and counted.
+MAX_LINE = 64 * 1024
+#: Lines before a candidate handed to the assembler as context.
+CONTEXT_LINES = 30
+
+#: Literals of what the assembler itself looks for, beside the rules' own.
+STRUCTURAL_LITERALS: tuple[Literal, ...] = tuple(
+    Literal(text, caseless=False)
+    for text in (
+        "Traceback",
+        'File "',
+        "Error",
+        "Exception",
+        "terminate called",
+        "what():",
+        "Interrupt",
+        "core dumped",
+        "Segmentation fault",
+        "Aborted",
+        "Illegal instruction",
+        "ChildFailedError",
+        "Root Cause",
+        "exitcode",
+    )
+)
+
+#: Anything that looks like a stamp; parse_stamp decides whether it is one.
+STAMP_REGEXES: tuple[bytes, ...] = (
+    rb"\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d",
+    rb"\d\d/\d\d/\d{4} \d\d:\d\d:\d\d",
+    rb"[IWEF]\d{4} \d\d:\d\d:\d\d",
+)
+_NEWLINES = b"\n\r"
+
+
+@dataclass(slots=True)
+class ScanStats:
+    bytes: int = 0
+    lines: int = 0
+    detailed_lines: int = 0
+    candidates: int = 0
+    long_lines: int = 0
+    stamps: int = 0
+
+
+def build_prefilter(rules: Sequence[Rule], engine: str = "auto") -> Prefilter:
+    """The prefilter for a set of program rules plus the assembler's own literals."""
+    literals: list[Literal] = list(STRUCTURAL_LITERALS)
+    everything = False
+    for rule in rules:
+        if rule.literals is None:
+            everything = True
+        else:
+            literals.extend(rule.literals)
+    return Prefilter(literals, everything=everything, engine=engine)
+
+
+def build_stamp_finder(engine: str = "auto") -> Prefilter:
+    return Prefilter(regexes=STAMP_REGEXES, engine=engine)
+
+
+def _line_start(buffer: bytes, pos: int, floor: int) -> int:
+    """Offset of the start of the line holding `pos` (not before `floor`)."""
+    cut = max(buffer.rfind(b"\n", floor, pos), buffer.rfind(b"\r", floor, pos))
+    return floor if cut < 0 else cut + 1
+
+
+def _line_end(buffer: bytes, pos: int, stop: int) -> int:
+    """Offset of the newline ending the line that starts at `pos` (or `stop`)."""
+    ends = [i for i in (buffer.find(b"\n", pos, stop), buffer.find(b"\r", pos, stop)) if i >= 0]
+    return min(ends) if ends else stop
+
+
+class ProgramLogScanner:
+    """Incremental scanner of one training log: feed bytes, get failures."""
+
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        *,
+        origin: str = "",
+        prefilter: Prefilter | None = None,
+        stamp_finder: Prefilter | None = None,
+        reference_year: int | None = None,
+        read_time: Callable[[], float] | None = None,
+    ) -> None:
+        self.origin = origin
+        self.prefilter = prefilter or build_prefilter(rules)
+        self.stamp_finder = stamp_finder or build_stamp_finder()
+        self.assembler = FailureAssembler(rules, origin=origin, context_lines=CONTEXT_LINES)
+        self.reference_year = reference_year
+        #: Live use: lines with no stamp before them take the time they were read.
+        self.read_time = read_time
+        self.stats = ScanStats()
+        self.last_stamp: float | None = None
+        self._carry = b""
+        self._discarding = False  # inside the dropped tail of an over-long line
+        self._line_number = 0  # lines (\n) before the current buffer position
+
+    # -- feeding -------------------------------------------------------------
+
+    def feed(self, data: bytes) -> list[ProgramFailure]:
+        """Scan appended bytes; a partial last line waits for the next call."""
+        self.stats.bytes += len(data)
+        failures: list[ProgramFailure] = []
+        buffer = self._carry + data if self._carry else data
+        self._carry = b""
+        if self._discarding:
+            cut = _first_newline(buffer, 0)
+            if cut < 0:
+                return failures
+            self._discarding = False
+            buffer = buffer[cut:]
+        last_newline = max(buffer.rfind(b"\n"), buffer.rfind(b"\r"))
+        end = last_newline + 1
+        if end:
+            failures.extend(self._scan(buffer, end))
+        rest = buffer[end:]
+        if len(rest) > MAX_LINE:
+            # An over-long line: its head is looked at as a line, the rest dropped and counted.
+            self.stats.long_lines += 1
+            self._discarding = True
+            failures.extend(self._detail(rest[:MAX_LINE]))
+        else:
+            self._carry = bytes(rest)
+        self.stats.lines = self._line_number
+        return failures
+
+    def finish(self) -> list[ProgramFailure]:
+        """End of input: the last line even without a newline, then what is open."""
+        failures: list[ProgramFailure] = []
+        if self._carry:
+            tail = self._carry + b"\n"
+            self._carry = b""
+            failures.extend(self._scan(tail, len(tail)))
+        failures.extend(self.assembler.flush())
+        self.stats.lines = self._line_number
+        return failures
+
+    # -- scanning ------------------------------------------------------------
+
+    def _scan(self, buffer: bytes, end: int) -> list[ProgramFailure]:
+        failures: list[ProgramFailure] = []
+        pos = 0
+        while pos < end:
+            if self.assembler.idle:
+                hit = self.prefilter.search(buffer, pos, end)
+                if hit is None:
+                    self._skip(buffer, pos, end)
+                    break
+                start = _line_start(buffer, max(hit - 1, pos), pos)
+                self._skip(buffer, pos, start)
+                pos = start
+                self.stats.candidates += 1
+            line_end = _line_end(buffer, pos, end)
+            failures.extend(self._detail(buffer[pos:line_end]))
+            if buffer.startswith(b"\r\n", line_end):
+                line_end += 1  # one terminator, not an empty line after it
+            if buffer[line_end : line_end + 1] == b"\n":
+                self._line_number += 1
+            pos = line_end + 1
+        return failures
+
+    def _skip(self, buffer: bytes, start: int, stop: int) -> None:
+        """Pass over lines no rule needs: count them, remember the last stamp and
+        hand the last few to the assembler as context."""
+        if stop <= start:
+            return
+        self._line_number += buffer.count(b"\n", start, stop)
+        self._remember_last_stamp(buffer, start, stop)
+        context_start = stop
+        for _ in range(CONTEXT_LINES):
+            if context_start <= start:
+                break
+            context_start = _line_start(buffer, context_start - 1, start)
+        pos = context_start
+        while pos < stop:
+            line_end = _line_end(buffer, pos, stop)
+            text = buffer[pos:line_end]
+            if text:
+                prefix, body = split_prefix(text.decode("utf-8", "replace"))
+                self.assembler.feed_context(
+                    ProgramLine(
+                        text=body,
+                        raw=text.decode("utf-8", "replace"),
+                        number=self._line_number,
+                        origin=self.origin,
+                        rank=prefix.rank,
+                        local_rank=prefix.local_rank,
+                    )
+                )
+            if buffer.startswith(b"\r\n", line_end):
+                line_end += 1
+            pos = line_end + 1
+
+    def _remember_last_stamp(self, buffer: bytes, start: int, stop: int) -> None:
+        limit = stop
+        while limit > start:
+            hit = self.stamp_finder.search_last(buffer, start, limit)
+            if hit is None:
+                return
+            line_start = _line_start(buffer, hit - 1, start)
+            line = buffer[line_start : _line_end(buffer, line_start, stop)].decode("utf-8", "replace")
+            _, body = split_prefix(line)
+            stamp = parse_stamp(body, reference_year=self.reference_year)
+            if stamp is not None:
+                self.last_stamp = stamp
+                self.stats.stamps += 1
+                return
+            limit = line_start
+
+    def _detail(self, raw_bytes: bytes) -> list[ProgramFailure]:
+        self.stats.detailed_lines += 1
+        raw = raw_bytes.decode("utf-8", "replace")
+        prefix, text = split_prefix(raw)
+        stamp = parse_stamp(text, reference_year=self.reference_year)
+        time: float | None
+        source: TimeSource
+        if stamp is not None:
+            self.last_stamp = stamp
+            self.stats.stamps += 1
+            time, source = stamp, "stamp"
+        elif self.last_stamp is not None:
+            time, source = self.last_stamp, "last_stamp"
+        elif self.read_time is not None:
+            time, source = self.read_time(), "read"
+        else:
+            time, source = None, "none"
+        line = ProgramLine(
+            text=text,
+            raw=raw,
+            number=self._line_number + 1,
+            origin=self.origin,
+            rank=prefix.rank,
+            local_rank=prefix.local_rank,
+            time=time,
+            time_source=source,
+        )
+        return self.assembler.feed(line)
+
+
+def _first_newline(buffer: bytes, start: int) -> int:
+    ends = [i for i in (buffer.find(b"\n", start), buffer.find(b"\r", start)) if i >= 0]
+    return min(ends) if ends else -1
