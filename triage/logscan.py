@@ -9,6 +9,7 @@ file) and the daemon (bytes as they are appended), so both see the same failures
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -65,8 +66,12 @@ class ScanStats:
     stamps: int = 0
 
 
-def build_prefilter(rules: Sequence[Rule], engine: str = "auto") -> Prefilter:
-    """The prefilter for a set of program rules plus the assembler's own literals."""
+def build_prefilter(rules: Sequence[Rule], engine: str | None = None) -> Prefilter:
+    """The prefilter for a set of program rules plus the assembler's own literals.
+
+    TRIAGE_PREFILTER=hyperscan|re picks the engine (for benchmarks); default auto.
+    """
+    engine = engine or os.environ.get("TRIAGE_PREFILTER", "auto")
     literals: list[Literal] = list(STRUCTURAL_LITERALS)
     everything = False
     for rule in rules:
@@ -77,8 +82,8 @@ def build_prefilter(rules: Sequence[Rule], engine: str = "auto") -> Prefilter:
     return Prefilter(literals, everything=everything, engine=engine)
 
 
-def build_stamp_finder(engine: str = "auto") -> Prefilter:
-    return Prefilter(regexes=STAMP_REGEXES, engine=engine)
+def build_stamp_finder(engine: str | None = None) -> Prefilter:
+    return Prefilter(regexes=STAMP_REGEXES, engine=engine or os.environ.get("TRIAGE_PREFILTER", "auto"))
 
 
 def _line_start(buffer: bytes, pos: int, floor: int) -> int:
