@@ -1,0 +1,86 @@
+"""The per-line prefixes launchers put on worker output, taken apart.
+
+Where they come from (PyTorch 2.x):
+
+- `[rank3]: ` - the excepthook `init_process_group` installs: every line of an
+  uncaught exception's traceback (blank lines stay bare).
+- `[rank3]:[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] ...` - c10 logging of a
+  process group; only the first line of a multi-line message carries it. The
+  glog part is message, not prefix.
+- `[default3]:` - torchrun `--tee`/`--redirects` copy each worker's output with
+  its `log_line_prefix_template` (default `[${role_name}${local_rank}]:`); with the
+  excepthook as well: `[default3]:[rank3]: Traceback ...`. A `[${rank}]:` template
+  gives `[3]:`.
+- `[1,3]<stderr>:` - Open MPI's `--tag-output`.
+- Pastes and log collectors add a line counter `[80746] ` or a stamp
+  `[2024-08-21 22:56:04][rank0]:` in front of those; they are stripped with them.
+
+A line that starts with none of these comes back whole with an empty Prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """What the prefix said: global rank, local rank, and how many characters it spans."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    length: int = 0
+
+
+NO_PREFIX = Prefix()
+
+# Things that may stand before a rank tag but never alone (a bare `[12] ` can be text).
+_COUNTER = re.compile(r"\[\d{1,12}\] +(?=\[)")
+_STAMPED = re.compile(r"\[\d{4}-\d\d-\d\d[^\[\]]{0,40}\] ?(?=\[)")
+# `[name12]:`, `[12]:`; the name is lazy so that `default12` keeps all its digits.
+_TAG = re.compile(r"\[(?P<name>[A-Za-z_][\w.\-]{0,31}?)?(?P<num>\d{1,7})\]:")
+_MPI = re.compile(r"\[\d{1,9},(?P<num>\d{1,7})\]<std(?:out|err)>: ?")
+
+
+def split_prefix(line: str) -> tuple[Prefix, str]:
+    """The launcher prefix of `line` and the text after it."""
+    if not line.startswith("["):
+        return NO_PREFIX, line
+    mpi = _MPI.match(line)
+    if mpi is not None:
+        return Prefix(rank=int(mpi["num"]), length=mpi.end()), line[mpi.end() :]
+    pos = 0
+    counter = _COUNTER.match(line)
+    if counter is not None:
+        pos = counter.end()
+    stamped = _STAMPED.match(line, pos)
+    if stamped is not None:
+        pos = stamped.end()
+    rank: int | None = None
+    local_rank: int | None = None
+    tags = 0
+    while tags < 2:
+        tag = _TAG.match(line, pos)
+        if tag is None:
+            break
+        name, number = tag["name"], int(tag["num"])
+        end = tag.end()
+        if name == "rank" or name is None:
+            if rank is not None and number != rank:
+                break
+            if name is None and end == len(line):
+                # `[0]:` alone on a line is ChildFailedError's failure index, not a prefix.
+                break
+            rank = number
+            if line.startswith(" ", end) and name == "rank":
+                end += 1  # the excepthook writes "[rankN]: " + line
+        else:
+            if local_rank is not None or rank is not None:
+                break
+            local_rank = number
+        pos = end
+        tags += 1
+    if tags == 0:
+        return NO_PREFIX, line
+    return Prefix(rank=rank, local_rank=local_rank, length=pos), line[pos:]
