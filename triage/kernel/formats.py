@@ -623,8 +623,8 @@ def _export_entries(reader: _ByteReader, stats: KernelParseStats) -> Iterator[di
         if not sep:  # binary field: KEY, then little-endian 64-bit size, data, newline
             size_bytes = reader.read(8)
             if len(size_bytes) < 8:
-                stats.unparsed += 1
-                break
+                stats.unparsed += 1  # the stream ended inside the entry: drop it
+                return
             (size,) = struct.unpack("<Q", size_bytes)
             value = reader.read(min(size, MAX_LINE_BYTES))
             if size > MAX_LINE_BYTES:
@@ -632,7 +632,7 @@ def _export_entries(reader: _ByteReader, stats: KernelParseStats) -> Iterator[di
                 reader.discard(size - MAX_LINE_BYTES)
             if reader.read(1) != b"\n":
                 stats.unparsed += 1
-                break
+                return
         if len(entry) < MAX_EXPORT_FIELDS:
             name = key.decode("utf-8", "replace")
             entry.setdefault(name, value)  # a repeated field: the first one
