@@ -311,6 +311,23 @@ def test_journal_short_from_the_corpus() -> None:
     assert faults[0].message == "amdgpu 0000:0d:00.0: GCVM_L2_PROTECTION_FAULT_STATUS:0x00401031"
 
 
+def test_journal_without_hostname() -> None:
+    """`journalctl -k --no-hostname` and `-o short-monotonic --no-hostname`."""
+    lines = [
+        "Nov 30 12:23:56 kernel: amdgpu 0000:c1:00.0: amdgpu: GPU reset begin!",
+        "Nov 30 12:23:57 python[12]: RuntimeError: HIP error",
+        "[  925.227735] kernel: triage-capture: begin",
+    ]
+    stats = KernelParseStats()
+    records = list(parse_kernel_lines(lines, reference_year=2026, stats=stats))
+    assert [record.message for record in records] == [
+        "amdgpu 0000:c1:00.0: amdgpu: GPU reset begin!",
+        "triage-capture: begin",
+    ]
+    assert "_HOSTNAME" not in records[0].fields and records[1].monotonic == FIRST_MONOTONIC
+    assert stats.other_programs == 1
+
+
 def test_journal_short_year_moves_on_at_new_year() -> None:
     lines = ["Dec 31 23:59:59 h kernel: a", "Jan  1 00:00:01 h kernel: b"]
     first, second = parse_kernel_lines(lines, reference_year=2025)

@@ -216,6 +216,15 @@ class _LineParser:
         self.kernel_hosts: set[str] = set()
         self.boot_id: str | None = None
         self.index = 0
+        self.last_local: tuple[tuple[int, ...], float | None] = ((), None)
+
+    def local_epoch(self, year: int, month: int, day: int, hour: int, minute: int, second: float) -> float | None:
+        """`_local_epoch`, remembering the last whole second: consecutive lines mostly share it."""
+        key = (year, month, day, hour, minute, int(second))
+        if key != self.last_local[0]:
+            self.last_local = (key, _local_epoch(year, month, day, hour, minute, int(second)))
+        whole = self.last_local[1]
+        return None if whole is None else whole + (second - int(second))
 
     # -- records --------------------------------------------------------------
 
@@ -413,7 +422,9 @@ class _LineParser:
             month = _MONTHS[bsd.group("mon")]
             year = self.year_for(month)
             second = _seconds(bsd.group("s"), bsd.group("frac"))
-            wall = _local_epoch(year, month, int(bsd.group("day")), int(bsd.group("h")), int(bsd.group("m")), second)
+            wall = self.local_epoch(
+                year, month, int(bsd.group("day")), int(bsd.group("h")), int(bsd.group("m")), second
+            )
             return self.after_stamp(bsd.group("rest"), wall=wall, optional_host=False)
         full = _FULL.fullmatch(text)
         if full:
@@ -440,7 +451,7 @@ class _LineParser:
             return _Stamp(message=header.group("rest"), relative=self.reltime, reltime="header")
         ctime = _CTIME.fullmatch(text)
         if ctime and ctime.group("mon") in _MONTHS:
-            wall = _local_epoch(
+            wall = self.local_epoch(
                 int(ctime.group("year")),
                 _MONTHS[ctime.group("mon")],
                 int(ctime.group("day")),
@@ -471,20 +482,22 @@ class _LineParser:
         for a host already seen with `kernel`: a dmesg message like `usb 1-1: ...`
         stays a kernel message.
         """
-        tag = _SYSLOG_TAG.fullmatch(rest)
+        no_host = rest.startswith("kernel: ")  # journalctl --no-hostname
+        tag = _SYSLOG_TAG.fullmatch("- " + rest if no_host else rest)
         if tag is None:
             if optional_host:
                 return _Stamp(message=rest, monotonic=monotonic, wall=wall)
             return _Stamp(message=rest, monotonic=monotonic, wall=wall, other_program=True)
         host, ident = tag.group("host"), tag.group("ident")
         if ident == "kernel" and tag.group("pid") is None:
-            self.kernel_hosts.add(host)
+            if not no_host:
+                self.kernel_hosts.add(host)
             message = tag.group("message")
             kernel_stamp = _MONOTONIC.fullmatch(message)  # kern.log: "kernel: [  123.456789] msg"
             if kernel_stamp and monotonic is None:
                 monotonic = float(kernel_stamp.group("sec"))
                 message = kernel_stamp.group("rest")
-            return _Stamp(message=message, monotonic=monotonic, wall=wall, host=host)
+            return _Stamp(message=message, monotonic=monotonic, wall=wall, host=None if no_host else host)
         if not optional_host or tag.group("pid") is not None or host in self.kernel_hosts:
             return _Stamp(message=rest, other_program=True)
         return _Stamp(message=rest, monotonic=monotonic, wall=wall)
@@ -562,7 +575,8 @@ def journal_entry_record(entry: Mapping[str, object], origin: str, stats: Kernel
 
     A /dev/kmsg record written from user space keeps `_TRANSPORT=kernel` but
     journald splits its `ident:` off MESSAGE; it is put back so the message reads
-    as dmesg shows it.
+    as dmesg shows it. `raw` holds the message's lines (the JSON or export entry
+    itself is no line a person reads).
     """
     if not _is_kernel_entry(entry):
         stats.other_programs += 1
