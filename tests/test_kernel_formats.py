@@ -586,3 +586,22 @@ def test_no_text_makes_parse_kernel_lines_raise(parts: list[tuple[str, str]]) ->
     assert stats.records == len(records)
     records = list(parse_kernel_lines([text], stats=KernelParseStats()))
     assert all(record.message is not None for record in records)
+
+
+def test_every_dmesg_form_of_a_real_h200_boot_agrees() -> None:
+    """Another capture (tests/data/cuda: an H200 node with Xid 43 and 31): every form, the same records."""
+    cuda = DATA.parent / "cuda"
+    names = ["kernel-kmsg.txt", "kernel-dmesg.txt", "kernel-dmesg-x.txt", "kernel-dmesg-r.txt", "kernel-dmesg-T.txt"]
+    if not all((cuda / name).exists() for name in names):
+        pytest.skip("tests/data/cuda not present")
+    forms = {}
+    for name in names:
+        with open(cuda / name, "rb") as stream:
+            forms[name] = list(read_kernel_stream(stream, name))
+    kmsg = forms.pop("kernel-kmsg.txt")
+    xids = [record.message for record in kmsg if "NVRM: Xid" in record.message]
+    assert len(xids) == 5
+    for name, records in forms.items():
+        assert [record.message for record in records] == [record.message for record in kmsg], name
+    for name in ("kernel-dmesg.txt", "kernel-dmesg-x.txt", "kernel-dmesg-r.txt"):
+        assert [record.monotonic for record in forms[name]] == [record.monotonic for record in kmsg], name
