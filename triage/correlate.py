@@ -28,6 +28,12 @@ from .model import Incident, KernelEvent, ProgramFailure
 
 #: Failures closer than this (seconds) belong to one crash.
 CRASH_GAP = 60.0
+#: An aftermath (an abort, torchrun's summary) this long after a crash is still that crash.
+FOLLOW_ON_GAP = 600.0
+#: A collective timeout fires its timeout after the failure that stalled it; this much slack on top.
+COLLECTIVE_SLACK = 30.0
+#: A collective's timeout when the message does not say (PyTorch's NCCL default).
+DEFAULT_COLLECTIVE_TIMEOUT = 1800.0
 #: The same failure again within this long is the same incident, grown.
 REPEAT_GAP = 3600.0
 #: Kernel faults of one GPU closer than this form one kernel-only incident.
@@ -40,7 +46,6 @@ SYMPTOM_WINDOW = {
     "illegal_memory_access": 30.0,
     "device_assert": 60.0,
     "unclassified": 120.0,
-    "collective_failure": 1800.0,
 }
 #: Runtime-reported hardware conditions (ROCr "HW Exception", ECC) take kernel evidence this far back.
 DRIVER_WINDOW = 120.0
@@ -109,6 +114,12 @@ def _failure_order(failure: ProgramFailure) -> tuple[bool, float, str, int]:
     return (failure.time is None, failure.time or 0.0, failure.origin, failure.line_number)
 
 
+def collective_timeout(failure: ProgramFailure) -> float:
+    """Seconds the collective waited before it failed (from `Timeout(ms)=`), else the default."""
+    timeout = failure.fields.get("timeout_ms", "")
+    return int(timeout) / 1000.0 if timeout.isdigit() else DEFAULT_COLLECTIVE_TIMEOUT
+
+
 def _same_crash(crash: _Crash, failure: ProgramFailure, one_window: bool) -> bool:
     if one_window:
         return True
@@ -117,6 +128,10 @@ def _same_crash(crash: _Crash, failure: ProgramFailure, one_window: bool) -> boo
     gap = failure.time - crash.last
     if gap <= CRASH_GAP:
         return True
+    if failure.follow_on and gap <= FOLLOW_ON_GAP:
+        return True
+    if failure.category == "collective_failure" and gap <= collective_timeout(failure) + COLLECTIVE_SLACK:
+        return True  # the other ranks time out waiting for the one that failed
     return gap <= REPEAT_GAP and failure_fingerprint(failure) in crash.fingerprints
 
 
@@ -137,10 +152,8 @@ def _window_before(crash: _Crash) -> float:
     if taxonomy.level_of(naming.category) == "driver":
         return DRIVER_WINDOW
     if naming.category == "collective_failure":
-        for failure in crash.failures:
-            timeout = failure.fields.get("timeout_ms")
-            if timeout and timeout.isdigit():
-                return int(timeout) / 1000.0 + 120.0
+        collectives = [f for f in crash.failures if f.category == "collective_failure"]
+        return max(collective_timeout(f) for f in collectives) + COLLECTIVE_SLACK
     return SYMPTOM_WINDOW.get(naming.category, 0.0)
 
 
@@ -264,7 +277,7 @@ def describe_failure(failure: ProgramFailure) -> str:
     subject = failure.message or failure.text.splitlines()[-1] if failure.text else failure.title
     if failure.exception_type and failure.message and not failure.message.startswith(failure.exception_type):
         subject = f"{failure.exception_type}: {failure.message}"
-    subject = subject.strip()
+    subject = subject.strip().split("\n", 1)[0]
     if len(subject) > 160:
         subject = subject[:157] + "..."
     ranks = sorted(set(failure.ranks))
