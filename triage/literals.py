@@ -9,14 +9,16 @@ strings such that every match contains at least one of them.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
-try:  # Python 3.11+ keeps the parser here; the old name still works with a warning.
-    from re import _constants as sre_constants
-    from re import _parser as sre_parse
-except ImportError:  # pragma: no cover - older layout
-    import sre_constants  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+with warnings.catch_warnings():
+    # The standard library's own regex parser: deprecated as a public name since
+    # 3.11 (it lives on as re._parser), typed by typeshed under this one.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import sre_constants
+    import sre_parse
 
 #: Literals shorter than this match too often to be worth prefiltering on.
 MIN_LITERAL = 3
@@ -45,7 +47,7 @@ def _best(candidates: list[frozenset[Literal]]) -> _Alternatives:
     return max(usable, key=_score)
 
 
-def _sequence(items: list[tuple[object, object]], caseless: bool) -> _Alternatives:
+def _sequence(items: list[tuple[Any, Any]], caseless: bool) -> _Alternatives:
     candidates: list[frozenset[Literal]] = []
     run: list[str] = []
 
@@ -56,7 +58,7 @@ def _sequence(items: list[tuple[object, object]], caseless: bool) -> _Alternativ
 
     for op, av in items:
         if op is sre_constants.LITERAL:
-            run.append(chr(av))  # type: ignore[arg-type]
+            run.append(chr(av))
             continue
         close_run()
         sub = _node(op, av, caseless)
@@ -66,9 +68,9 @@ def _sequence(items: list[tuple[object, object]], caseless: bool) -> _Alternativ
     return _best(candidates)
 
 
-def _node(op: object, av: object, caseless: bool) -> _Alternatives:
+def _node(op: Any, av: Any, caseless: bool) -> _Alternatives:
     if op is sre_constants.SUBPATTERN:
-        _group, add_flags, del_flags, pattern = av  # type: ignore[misc]
+        _group, add_flags, del_flags, pattern = av
         inner_caseless = caseless
         if add_flags & re.IGNORECASE:
             inner_caseless = True
@@ -76,9 +78,9 @@ def _node(op: object, av: object, caseless: bool) -> _Alternatives:
             inner_caseless = False
         return _sequence(list(pattern), inner_caseless)
     if op is sre_constants.ATOMIC_GROUP:
-        return _sequence(list(av), caseless)  # type: ignore[call-overload]
+        return _sequence(list(av), caseless)
     if op is sre_constants.BRANCH:
-        _none, branches = av  # type: ignore[misc]
+        _none, branches = av
         union: set[Literal] = set()
         for branch in branches:
             alternatives = _sequence(list(branch), caseless)
@@ -87,7 +89,7 @@ def _node(op: object, av: object, caseless: bool) -> _Alternatives:
             union |= alternatives
         return frozenset(union)
     if op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT, sre_constants.POSSESSIVE_REPEAT):
-        low, _high, pattern = av  # type: ignore[misc]
+        low, _high, pattern = av
         if low >= 1:
             return _sequence(list(pattern), caseless)
         return None
@@ -106,7 +108,7 @@ def required_literals(pattern: str) -> list[Literal] | None:
     except (re.error, OverflowError, RecursionError, ValueError):
         return None
     caseless = bool(parsed.state.flags & re.IGNORECASE)
-    alternatives = _sequence(list(parsed), caseless)
+    alternatives = _sequence(list(parsed.data), caseless)
     if alternatives is None:
         return None
     return sorted(alternatives, key=lambda lit: (lit.text, lit.caseless))

@@ -15,6 +15,7 @@ from typing import Any
 
 from .literals import Literal
 
+hyperscan: Any
 try:
     import hyperscan
 

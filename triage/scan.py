@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, cast
 
 from .clock import alignment, apply_kernel_clock
 from .correlate import correlate
@@ -47,7 +47,7 @@ class ScanResult:
 
 
 @contextmanager
-def open_input(path: str) -> Iterator[tuple[IO[bytes], float | None]]:
+def open_input(path: str) -> Iterator[tuple[BinaryIO, float | None]]:
     """A binary stream for a path or `-`, gunzipped when it is gzip; and its mtime."""
     try:
         if path == "-":
@@ -60,8 +60,8 @@ def open_input(path: str) -> Iterator[tuple[IO[bytes], float | None]]:
         raise InputError(f"cannot read {path}: {error.strerror or error}") from None
     try:
         head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
-        stream: IO[bytes] = gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw  # type: ignore[assignment]
-        yield stream, mtime
+        stream = gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
+        yield cast(BinaryIO, stream), mtime
     except (OSError, EOFError) as error:
         raise InputError(f"cannot read {path}: {error}") from None
     finally:

@@ -206,7 +206,7 @@ for group, candidates in (("dtype", CANDIDATES), ("backend", BACKEND_CANDIDATES)
             if isinstance(error, NotImplementedError) and group not in found:
                 found[group] = name
 print(json.dumps(found))
-"""  # noqa: E501 (the program as it ran)
+"""
 
 MISSING_OP_RUN = """
 import torch
@@ -235,7 +235,7 @@ print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}: {name}")
 result = CANDIDATES[name]()
 torch.cuda.synchronize()
 print(result)
-"""  # noqa: E501 (the program as it ran)
+"""
 
 PROGRAMS["nan_anomaly.py"] = """
 import torch
