@@ -107,8 +107,10 @@ def test_host_oom_rules_are_named_so() -> None:
 
 
 def test_hints_are_actionable() -> None:
+    """A detail or follow-on line may be the only evidence of an incident: its hint must stand alone."""
     for rule in RULES:
-        assert len(rule.hint) >= 40 or rule.hint.startswith("See "), f"{rule.id}: hint too thin"
+        assert len(rule.hint) >= 80, f"{rule.id}: hint too thin"
+        assert not rule.hint.startswith("See "), f"{rule.id}: hint only points at another rule"
 
 
 # ------------------------------------------------------ what lines resolve to
