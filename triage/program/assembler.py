@@ -177,7 +177,8 @@ class _Block:
 
     def __init__(self, line: ProgramLine, text: str, context: list[str], tick: int) -> None:
         self.first = line
-        self.raws: list[str] = [line.raw]
+        # A line rejoined from a terminal's fold holds its physical lines joined by "\n".
+        self.raws: list[str] = line.raw.split("\n")
         self.texts: list[str] = [text]
         self.context = context
         self.last_tick = tick
@@ -185,7 +186,7 @@ class _Block:
         self.local_rank = line.local_rank
 
     def add(self, line: ProgramLine, *, fold: bool = False) -> None:
-        self.raws.append(line.raw)
+        self.raws.extend(line.raw.split("\n"))
         if fold and self.texts:
             self.texts[-1] += line.text
         else:
@@ -198,6 +199,10 @@ class _Block:
     def stale_after(self) -> int:
         """Lines of other streams after which this block counts as abandoned."""
         return STALE_MESSAGE
+
+    def is_failure(self, text: str) -> bool:
+        """Does a rule name `text` on its own? Set by the assembler (no rules: never)."""
+        return False
 
     def offer(self, line: ProgramLine, fold: bool) -> _Verdict:
         raise NotImplementedError
@@ -324,9 +329,12 @@ class _Traceback(_Block):
             if self.message:
                 self.message[-1] += text
             return _Verdict.TAKE
-        if _ends_message(line):
-            return _Verdict.END
-        if not self.lenient and not self._strict_continuation(text):
+        if _ends_message(line) or stripped.startswith(("{'", '{"')):
+            return _Verdict.END  # something else starts, or a metrics dict (a trainer's log record)
+        known = self.after_last_error or bool(_CONTINUATION.match(stripped))
+        if not known and self.is_failure(text):
+            return _Verdict.END  # a fatal line of its own (a ROCr abort after the exception, say)
+        if not self.lenient and not (known or text[:1].isspace()):
             return _Verdict.END
         self.after_last_error = stripped.startswith("Last error:")
         self.message_lines += 1
@@ -334,9 +342,6 @@ class _Traceback(_Block):
             return _Verdict.END
         self.message.append(text)
         return _Verdict.TAKE
-
-    def _strict_continuation(self, text: str) -> bool:
-        return self.after_last_error or bool(_CONTINUATION.match(text.lstrip())) or text[:1].isspace()
 
     def _offer_child(self, line: ProgramLine) -> _Verdict:
         """torchrun's summary runs from its exception line to the border after `Root Cause`."""
@@ -658,6 +663,22 @@ class _Stream:
     block: _Block | None = None
     #: The last line of this stream was indented (a traceback's source line?).
     last_indented: bool = False
+    #: The last line itself, to rejoin with the rest a terminal folded off it.
+    last: ProgramLine | None = None
+
+
+def _rejoined(head: ProgramLine, rest: ProgramLine) -> ProgramLine:
+    """One logical line from a folded one: texts joined, physical lines kept apart by "\n"."""
+    return ProgramLine(
+        text=head.text + rest.text,
+        raw=head.raw + "\n" + rest.raw,
+        number=head.number,
+        origin=head.origin,
+        rank=head.rank,
+        local_rank=head.local_rank,
+        time=head.time,
+        time_source=head.time_source,
+    )
 
 
 class FailureAssembler:
@@ -688,17 +709,22 @@ class FailureAssembler:
         failures = self._expire()
         key, fold = self._route(line)
         stream = self._stream(key)
+        physical = line.raw
+        if fold and stream.block is None and stream.last is not None:
+            # The folded rest of a line that started nothing: rejoin them and look again.
+            line = _rejoined(stream.last, line)
+            if stream.ring:
+                stream.ring.pop()
+            fold = False
         failures.extend(self._feed_stream(key, stream, line, fold))
-        self._last_key, self._last_raw = key, line.raw
+        self._last_key, self._last_raw = key, physical
         return failures
 
     def feed_context(self, line: ProgramLine) -> None:
         """A line the caller skipped: only remembered as context of its stream."""
         self._tick += 1
         key, _ = self._route(line)
-        stream = self._stream(key)
-        stream.ring.append(line.text)
-        stream.last_indented = line.text[:1].isspace()
+        self._remember(self._stream(key), line)
         self._last_key, self._last_raw = key, line.raw
 
     def flush(self) -> list[ProgramFailure]:
@@ -723,9 +749,9 @@ class FailureAssembler:
         rank, local_rank = line.rank, line.local_rank
         if rank is None and local_rank is None:
             last = self._last_key
-            if last is not None and last != _BARE and last in self._open:
+            if last is not None and last != _BARE:
                 text = line.text.lstrip()
-                if not text or text.startswith(("Exception raised from ", "frame #")):
+                if last in self._open and (not text or text.startswith(("Exception raised from ", "frame #"))):
                     return last, False
                 if _is_fold(self._last_raw, line):
                     # The rest of a prefixed line that a terminal folded (a paste) has no prefix.
@@ -771,8 +797,11 @@ class FailureAssembler:
     def _remember(stream: _Stream, line: ProgramLine) -> None:
         stream.ring.append(line.text)
         stream.last_indented = line.text[:1].isspace() and bool(line.text.strip())
+        stream.last = line
 
     def _open_block(self, key: StreamKey, stream: _Stream, block: _Block) -> None:
+        if self.rules:
+            block.is_failure = self._names  # type: ignore[method-assign]
         stream.block = block
         self._open[key] = stream
 
@@ -835,6 +864,9 @@ class FailureAssembler:
         if self.rules and best_rule(self.rules, text, self._context(stream)) is not None:
             self._open_block(key, stream, _Fatal(line, text, list(stream.ring), tick))
         return []
+
+    def _names(self, text: str) -> bool:
+        return best_rule(self.rules, text) is not None
 
     def _context(self, stream: _Stream) -> str:
         return "\n".join(stream.ring) if self._context_rules else ""

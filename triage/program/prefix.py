@@ -47,16 +47,17 @@ def split_prefix(line: str) -> tuple[Prefix, str]:
     """The launcher prefix of `line` and the text after it."""
     if not line.startswith("["):
         return NO_PREFIX, line
-    mpi = _MPI.match(line)
-    if mpi is not None:
-        return Prefix(rank=int(mpi["num"]), length=mpi.end()), line[mpi.end() :]
     pos = 0
-    counter = _COUNTER.match(line)
-    if counter is not None:
-        pos = counter.end()
-    stamped = _STAMPED.match(line, pos)
-    if stamped is not None:
-        pos = stamped.end()
+    if line[1:2].isdigit():
+        mpi = _MPI.match(line)
+        if mpi is not None:
+            return _prefix(int(mpi["num"]), None, mpi.end()), line[mpi.end() :]
+        counter = _COUNTER.match(line)
+        if counter is not None:
+            pos = counter.end()
+        stamped = _STAMPED.match(line, pos)
+        if stamped is not None:
+            pos = stamped.end()
     rank: int | None = None
     local_rank: int | None = None
     tags = 0
@@ -83,4 +84,18 @@ def split_prefix(line: str) -> tuple[Prefix, str]:
         tags += 1
     if tags == 0:
         return NO_PREFIX, line
-    return Prefix(rank=rank, local_rank=local_rank, length=pos), line[pos:]
+    return _prefix(rank, local_rank, pos), line[pos:]
+
+
+_CACHE: dict[tuple[int | None, int | None, int], Prefix] = {}
+
+
+def _prefix(rank: int | None, local_rank: int | None, length: int) -> Prefix:
+    """Prefixes repeat on every line of a worker: build each once (a frozen dataclass is slow to make)."""
+    key = (rank, local_rank, length)
+    prefix = _CACHE.get(key)
+    if prefix is None:
+        if len(_CACHE) >= 4096:
+            _CACHE.clear()
+        prefix = _CACHE[key] = Prefix(rank=rank, local_rank=local_rank, length=length)
+    return prefix

@@ -37,7 +37,8 @@ _STAMP = re.compile(
     r"(?P<H>\d\d):(?P<M>\d\d):(?P<S>\d\d)"
     r"(?:[.,](?P<f>\d{1,9}))?"
     r"(?P<tz>Z|[+-]\d\d:?\d\d)?"
-    r"(?!\d)"
+    r"(?!\d)",
+    re.ASCII,
 )
 
 #: What may come before a stamp: whitespace, `[...]` groups (a rank, a pid, a
@@ -55,9 +56,11 @@ def parse_stamp(text: str, *, reference_year: int | None = None) -> float | None
     Never raises: a shape that is not a real date (month 13, Feb 30) is None.
     """
     head = text[:_WINDOW]
-    if ":" not in head:
+    clock = _clock_at(head)
+    if clock < 0:
         return None
-    match = _STAMP.search(head)
+    # The date part is at most 16 characters before the clock (`I20240821 `, `11/30/2026, `).
+    match = _STAMP.search(head, max(0, clock - 16))
     if match is None or match.start() > MAX_LEAD:
         return None
     if match.start() and _LEAD.fullmatch(head, 0, match.start()) is None:
@@ -66,6 +69,21 @@ def parse_stamp(text: str, *, reference_year: int | None = None) -> float | None
         return _epoch(match, reference_year)
     except (ValueError, OverflowError, OSError):
         return None
+
+
+def _clock_at(head: str) -> int:
+    """Where the first `HH:MM:SS` starts, or -1: string scans, far cheaper than a regex."""
+    colon = head.find(":", 2)
+    while colon >= 0:
+        if (
+            head[colon + 3 : colon + 4] == ":"
+            and head[colon - 2 : colon].isdigit()
+            and head[colon + 1 : colon + 3].isdigit()
+            and head[colon + 4 : colon + 6].isdigit()
+        ):
+            return colon - 2
+        colon = head.find(":", colon + 1)
+    return -1
 
 
 def _epoch(match: re.Match[str], reference_year: int | None) -> float | None:
@@ -85,11 +103,11 @@ def _epoch(match: re.Match[str], reference_year: int | None) -> float | None:
             return _yearless(month, day, hour, minute, second, fraction, reference_year)
     if not _YEAR_MIN <= year <= _YEAR_MAX:
         return None
-    stamp = datetime(year, month, day, hour, minute, second)
     tz = groups["tz"]
     if tz:
-        stamp = stamp.replace(tzinfo=_zone(tz))
-    return stamp.timestamp() + fraction
+        aware = datetime(year, month, day, hour, minute, second, tzinfo=_zone(tz))
+        return aware.timestamp() + fraction
+    return _local(year, month, day, hour, minute, second) + fraction
 
 
 def _yearless(
@@ -97,17 +115,35 @@ def _yearless(
 ) -> float:
     """A glog stamp has no year: the reference year, else the latest year that is not in the future."""
     if reference_year is not None:
-        return datetime(reference_year, month, day, hour, minute, second).timestamp() + fraction
+        return _local(reference_year, month, day, hour, minute, second) + fraction
     now = time.time()
     year = time.localtime(now).tm_year
     try:
-        epoch = datetime(year, month, day, hour, minute, second).timestamp() + fraction
+        epoch: float | None = _local(year, month, day, hour, minute, second) + fraction
     except ValueError:  # Feb 29 of a year that has none: try last year
         epoch = None
     # A day of slack: clocks of the log's host and this one differ.
     if epoch is None or epoch > now + 86400:
-        epoch = datetime(year - 1, month, day, hour, minute, second).timestamp() + fraction
+        epoch = _local(year - 1, month, day, hour, minute, second) + fraction
     return epoch
+
+
+_HOURS: dict[tuple[int, int, int, int], float] = {}
+
+
+def _local(year: int, month: int, day: int, hour: int, minute: int, second: int) -> float:
+    """Epoch of a naive local time. mktime is the slow part of a stamp, and a log's
+    stamps share their hour: the hour's epoch is cached (offsets change on the hour)."""
+    if not (0 <= minute <= 59 and 0 <= second <= 59):
+        raise ValueError("minute or second out of range")
+    key = (year, month, day, hour)
+    base = _HOURS.get(key)
+    if base is None:
+        base = datetime(year, month, day, hour).timestamp()
+        if len(_HOURS) >= 4096:
+            _HOURS.clear()
+        _HOURS[key] = base
+    return base + minute * 60 + second
 
 
 def _zone(text: str) -> timezone:
