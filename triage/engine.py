@@ -31,8 +31,10 @@ class Engine:
         self._hints = {rule.id: rule.hint for rule in self.catalog.rules}
 
     @classmethod
-    def load(cls, extra_dirs: Iterable[Path] = (), shipped: Path | None = None) -> Engine:
-        return cls(load_catalog(extra_dirs, shipped))
+    def load(
+        cls, extra_dirs: Iterable[Path] = (), shipped: Path | None = None, *, validate_shipped: bool = True
+    ) -> Engine:
+        return cls(load_catalog(extra_dirs, shipped, validate_shipped=validate_shipped))
 
     def fill_hints(self, events: Sequence[KernelEvent]) -> None:
         """Give each kernel event the hint of the rule that named it."""

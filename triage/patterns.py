@@ -54,7 +54,12 @@ class PatternError(ValueError):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Rule:
-    """One pattern: a regex and what a match of it means."""
+    """One pattern: a regex and what a match of it means.
+
+    Regexes compile on first use (a scan touches few program rules), or at load
+    when the catalog is validated; either way a bad one is a PatternError that
+    names the file and the rule.
+    """
 
     id: str
     source: str
@@ -62,12 +67,11 @@ class Rule:
     title: str
     hint: str
     pattern: str
-    compiled: regex.Pattern[str]
     file: str
     examples: tuple[str, ...] = ()
     counter_examples: tuple[str, ...] = ()
     #: A second regex that must also match the failure or the lines before it.
-    context: regex.Pattern[str] | None = None
+    context: str | None = None
     #: Higher wins when several rules match one failure; ties go by category order.
     priority: int = 0
     #: A follow-on names an incident only when nothing else does.
@@ -77,10 +81,29 @@ class Rule:
     role: str = "start"
     #: Literals one of which every match contains (None: the rule runs on every line).
     literals: tuple[Literal, ...] | None = None
+    _regex: regex.Pattern[str] | None = field(default=None, init=False, repr=False)
+    _context_regex: regex.Pattern[str] | None = field(default=None, init=False, repr=False)
 
     @property
     def level(self) -> str:
         return taxonomy.level_of(self.category)
+
+    @property
+    def compiled(self) -> regex.Pattern[str]:
+        if self._regex is None:
+            object.__setattr__(self, "_regex", _compile(self.pattern, self.file, self.id, "regex"))
+        assert self._regex is not None
+        return self._regex
+
+    @property
+    def compiled_context(self) -> regex.Pattern[str] | None:
+        if self.context is not None and self._context_regex is None:
+            object.__setattr__(self, "_context_regex", _compile(self.context, self.file, self.id, "context"))
+        return self._context_regex
+
+    def validate(self) -> None:
+        """Compile now: raises PatternError for a bad regex."""
+        _ = self.compiled, self.compiled_context
 
     def search(self, text: str) -> regex.Match[str] | None:
         """The first match in `text`, or None (also when the regex ran out of time)."""
@@ -90,10 +113,11 @@ class Rule:
             return None
 
     def context_ok(self, text: str) -> bool:
-        if self.context is None:
+        context = self.compiled_context
+        if context is None:
             return True
         try:
-            return self.context.search(text, timeout=MATCH_TIMEOUT) is not None
+            return context.search(text, timeout=MATCH_TIMEOUT) is not None
         except TimeoutError:
             return False
 
@@ -159,8 +183,8 @@ def _compile(pattern: Any, file: str, rule_id: str, key: str) -> regex.Pattern[s
         raise PatternError(file, rule_id, f"bad {key}: {error}") from None
 
 
-def parse_rule(raw: dict[str, Any], file: str) -> Rule:
-    """Validate one `[[rule]]` table and build its Rule."""
+def parse_rule(raw: dict[str, Any], file: str, *, validate: bool = True) -> Rule:
+    """Check one `[[rule]]` table and build its Rule (regexes compiled now if `validate`)."""
     rule_id = raw.get("id")
     if not isinstance(rule_id, str) or not _ID_RE.match(rule_id):
         raise PatternError(file, repr(rule_id), "id must be lower-case letters, digits, '.', '_' or '-'")
@@ -179,8 +203,9 @@ def parse_rule(raw: dict[str, Any], file: str) -> Rule:
     for key in ("title", "hint"):
         if not isinstance(raw[key], str) or not raw[key].strip():
             raise PatternError(file, rule_id, f"'{key}' must be a non-empty string")
-    compiled = _compile(raw["regex"], file, rule_id, "regex")
-    context = _compile(raw["context"], file, rule_id, "context") if "context" in raw else None
+    for key in ("regex", "context"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key]):
+            raise PatternError(file, rule_id, f"'{key}' must be a non-empty string")
     priority = raw.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise PatternError(file, rule_id, "'priority' must be an integer")
@@ -208,27 +233,29 @@ def parse_rule(raw: dict[str, Any], file: str) -> Rule:
     else:
         derived = required_literals(raw["regex"])
         literals = tuple(derived) if derived is not None else None
-    return Rule(
+    rule = Rule(
         id=rule_id,
         source=source,
         category=category,
         title=raw["title"].strip(),
         hint=raw["hint"].strip(),
         pattern=raw["regex"],
-        compiled=compiled,
         file=file,
         examples=examples,
         counter_examples=counter,
-        context=context,
+        context=raw.get("context"),
         priority=priority,
         follow_on=follow_on,
         group=group,
         role=role,
         literals=literals,
     )
+    if validate:
+        rule.validate()
+    return rule
 
 
-def load_file(path: Path) -> list[Rule]:
+def load_file(path: Path, *, validate: bool = True) -> list[Rule]:
     """All rules of one TOML file; a bad file raises PatternError naming it."""
     file = str(path)
     try:
@@ -245,7 +272,7 @@ def load_file(path: Path) -> list[Rule]:
     tables = data.get("rule", [])
     if not isinstance(tables, list):
         raise PatternError(file, None, "'rule' must be an array of tables ([[rule]])")
-    return [parse_rule(table, file) for table in tables]
+    return [parse_rule(table, file, validate=validate) for table in tables]
 
 
 def pattern_files(directory: Path) -> list[Path]:
@@ -254,12 +281,12 @@ def pattern_files(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.toml"))
 
 
-def load_directory(directory: Path) -> list[Rule]:
+def load_directory(directory: Path, *, validate: bool = True) -> list[Rule]:
     """The rules of every `*.toml` in a directory; ids must be unique across it."""
     rules: list[Rule] = []
     seen: dict[str, str] = {}
     for path in pattern_files(directory):
-        for rule in load_file(path):
+        for rule in load_file(path, validate=validate):
             if rule.id in seen:
                 raise PatternError(rule.file, rule.id, f"duplicate id (also in {seen[rule.id]})")
             seen[rule.id] = rule.file
@@ -275,10 +302,17 @@ def merge(base: Iterable[Rule], overrides: Iterable[Rule]) -> list[Rule]:
     return list(merged.values())
 
 
-def load_catalog(extra_dirs: Iterable[Path] = (), shipped: Path | None = None) -> Catalog:
-    """The shipped catalog with user directories layered on top, by rule id."""
+def load_catalog(
+    extra_dirs: Iterable[Path] = (), shipped: Path | None = None, *, validate_shipped: bool = True
+) -> Catalog:
+    """The shipped catalog with user directories layered on top, by rule id.
+
+    User directories are always validated in full. The shipped catalog is checked
+    by its own tests (`triage patterns check`), so a one-shot scan may skip
+    compiling its regexes up front (`validate_shipped=False`) and compile on use.
+    """
     base_dir = shipped if shipped is not None else shipped_patterns_dir()
-    rules = load_directory(base_dir)
+    rules = load_directory(base_dir, validate=validate_shipped)
     files = [str(path) for path in pattern_files(base_dir)]
     for directory in extra_dirs:
         rules = merge(rules, load_directory(directory))
