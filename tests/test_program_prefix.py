@@ -44,6 +44,9 @@ PREFIXED = [
     # Open MPI --tag-output
     ("[1,3]<stderr>:Traceback (most recent call last):", 3, None, "Traceback (most recent call last):"),
     ("[1,0]<stdout>: step 1", 0, None, "step 1"),
+    # pdsh (DeepSpeed multi-node): the host before the rank tag
+    ("worker-1: [rank8]: Traceback (most recent call last):", 8, None, "Traceback (most recent call last):"),
+    ('node07.cluster: [default2]:[rank10]:   File "x.py", line 1, in f', 10, 2, '  File "x.py"'),
 ]
 
 
@@ -71,12 +74,21 @@ NOT_PREFIXED = [
     "[1/3] Building CXX object",
     "[rank0 ]: spaced",
     "[ 1.234] dmesg-like",
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed",
+    "worker-1: no rank tag after the host",
+    "Note: [x] is text",
 ]
 
 
 @pytest.mark.parametrize("raw", NOT_PREFIXED)
 def test_not_prefixes(raw: str) -> None:
     assert split_prefix(raw) == (NO_PREFIX, raw)
+
+
+def test_host_of_a_multi_node_launcher() -> None:
+    prefix, text = split_prefix("worker-1: [rank8]: KeyError: 'x'")
+    assert (prefix.host, prefix.rank, text) == ("worker-1", 8, "KeyError: 'x'")
+    assert split_prefix("[rank8]: x")[0].host is None
 
 
 def test_prefix_is_a_small_frozen_value() -> None:

@@ -33,6 +33,7 @@ from enum import Enum
 from ..classify import Classification, best_rule
 from ..model import Frame, ProgramFailure, ProgramLine, TimeSource
 from ..patterns import Rule
+from ..prefilter import Prefilter
 from .prefix import split_prefix
 from .timestamps import parse_stamp
 
@@ -689,6 +690,11 @@ class FailureAssembler:
         self.origin = origin
         self.context_lines = context_lines
         self._context_rules = any(rule.context is not None for rule in self.rules)
+        # Most lines contain none of the rules' literals: one multi-literal search
+        # (hyperscan where installed) spares the rule-by-rule test on them.
+        self._gate: Prefilter | None = None
+        if self.rules and all(rule.literals is not None for rule in self.rules):
+            self._gate = Prefilter(literal for rule in self.rules for literal in rule.literals or ())
         self._streams: dict[StreamKey, _Stream] = {}
         self._open: dict[StreamKey, _Stream] = {}
         self._by_local: dict[int, StreamKey] = {}
@@ -861,12 +867,25 @@ class FailureAssembler:
                 block = _Fatal(line, text, list(stream.ring), tick, exception_type=standalone[0], message=standalone[1])
             self._open_block(key, stream, block)
             return []
-        if self.rules and best_rule(self.rules, text, self._context(stream)) is not None:
+        if self._names_in(text, stream):
             self._open_block(key, stream, _Fatal(line, text, list(stream.ring), tick))
         return []
 
     def _names(self, text: str) -> bool:
+        """Does a rule name this line on its own?"""
+        if not self.rules:
+            return False
+        if self._gate is not None and self._gate.search(text.encode("utf-8", "replace")) is None:
+            return False
         return best_rule(self.rules, text) is not None
+
+    def _names_in(self, text: str, stream: _Stream) -> bool:
+        """Does a rule name this line, read after the lines before it in its stream?"""
+        if not self.rules:
+            return False
+        if self._gate is not None and self._gate.search(text.encode("utf-8", "replace")) is None:
+            return False
+        return best_rule(self.rules, text, self._context(stream)) is not None
 
     def _context(self, stream: _Stream) -> str:
         return "\n".join(stream.ring) if self._context_rules else ""

@@ -12,6 +12,8 @@ Where they come from (PyTorch 2.x):
   excepthook as well: `[default3]:[rank3]: Traceback ...`. A `[${rank}]:` template
   gives `[3]:`.
 - `[1,3]<stderr>:` - Open MPI's `--tag-output`.
+- `worker-1: [rank8]: ...` - pdsh (DeepSpeed's multi-node launcher) puts the
+  host in front; taken only before a rank tag, as `Note: [x]` is text.
 - Pastes and log collectors add a line counter `[80746] ` or a stamp
   `[2024-08-21 22:56:04][rank0]:` in front of those; they are stripped with them.
 
@@ -31,6 +33,8 @@ class Prefix:
     rank: int | None = None
     local_rank: int | None = None
     length: int = 0
+    #: The host a multi-node launcher (pdsh) named, when it did.
+    host: str | None = None
 
 
 NO_PREFIX = Prefix()
@@ -41,18 +45,25 @@ _STAMPED = re.compile(r"\[\d{4}-\d\d-\d\d[^\[\]]{0,40}\] ?(?=\[)")
 # `[name12]:`, `[12]:`; the name is lazy so that `default12` keeps all its digits.
 _TAG = re.compile(r"\[(?P<name>[A-Za-z_][\w.\-]{0,31}?)?(?P<num>\d{1,7})\]:")
 _MPI = re.compile(r"\[\d{1,9},(?P<num>\d{1,7})\]<std(?:out|err)>: ?")
+_HOST = re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]{0,62}): (?=\[)")
 
 
 def split_prefix(line: str) -> tuple[Prefix, str]:
     """The launcher prefix of `line` and the text after it."""
-    if not line.startswith("["):
-        return NO_PREFIX, line
+    host: str | None = None
     pos = 0
-    if line[1:2].isdigit():
-        mpi = _MPI.match(line)
+    if not line.startswith("["):
+        if ": [" not in line[:72]:
+            return NO_PREFIX, line
+        named = _HOST.match(line)
+        if named is None:
+            return NO_PREFIX, line
+        host, pos = named["host"], named.end()
+    if line[pos + 1 : pos + 2].isdigit():
+        mpi = _MPI.match(line, pos)
         if mpi is not None:
-            return _prefix(int(mpi["num"]), None, mpi.end()), line[mpi.end() :]
-        counter = _COUNTER.match(line)
+            return _prefix(int(mpi["num"]), None, mpi.end(), host), line[mpi.end() :]
+        counter = _COUNTER.match(line, pos)
         if counter is not None:
             pos = counter.end()
         stamped = _STAMPED.match(line, pos)
@@ -84,18 +95,18 @@ def split_prefix(line: str) -> tuple[Prefix, str]:
         tags += 1
     if tags == 0:
         return NO_PREFIX, line
-    return _prefix(rank, local_rank, pos), line[pos:]
+    return _prefix(rank, local_rank, pos, host), line[pos:]
 
 
-_CACHE: dict[tuple[int | None, int | None, int], Prefix] = {}
+_CACHE: dict[tuple[int | None, int | None, int, str | None], Prefix] = {}
 
 
-def _prefix(rank: int | None, local_rank: int | None, length: int) -> Prefix:
+def _prefix(rank: int | None, local_rank: int | None, length: int, host: str | None = None) -> Prefix:
     """Prefixes repeat on every line of a worker: build each once (a frozen dataclass is slow to make)."""
-    key = (rank, local_rank, length)
+    key = (rank, local_rank, length, host)
     prefix = _CACHE.get(key)
     if prefix is None:
         if len(_CACHE) >= 4096:
             _CACHE.clear()
-        prefix = _CACHE[key] = Prefix(rank=rank, local_rank=local_rank, length=length)
+        prefix = _CACHE[key] = Prefix(rank=rank, local_rank=local_rank, length=length, host=host)
     return prefix
