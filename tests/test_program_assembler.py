@@ -129,6 +129,21 @@ def test_single_process_failures(name: str, exception_type: str, message: str, c
     assert all(frame.line is not None for frame in failure.frames)
 
 
+def test_exception_group() -> None:
+    """Python 3.11's `+ Exception Group Traceback` with its `|` gutter is one failure."""
+    text = fixture("errors-exception_group.log")
+    failure = only(assemble(text))
+    assert (failure.kind, failure.exception_type) == ("traceback", "ExceptionGroup")
+    assert failure.message == "2 data shards failed to load (2 sub-exceptions)"
+    assert failure.fields["sub_exceptions"] == (
+        "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/shard-0.pt'; "
+        "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/shard-1.pt'"
+    )
+    assert failure.lines == text.splitlines()
+    assert [frame.function for frame in failure.frames][:2] == ["<module>", "exception_group"]
+    assert len(failure.frames) == 2 + 2 * 5
+
+
 def test_named_groups_fill_fields() -> None:
     failure = only(assemble(fixture("errors-not_implemented_half.log")))
     assert failure.fields == {"op": "cholesky_cpu", "dtype": "Half"}

@@ -62,6 +62,7 @@ _EXCEPTION = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::[ \t]?(?P<msg>.*))?")
 _STANDALONE_TYPE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*")
 _STANDALONE_SUFFIXES = ("Error", "Exception", "Interrupt", "Exit")
 _CARET = re.compile(r"[\s^~]*[\^~][\s^~]*")
+_GUTTER = re.compile(r"\s*(?P<mark>[|+])(?P<rest>.*)")
 _ELIDED = re.compile(r"\s*\.\.\.<\d+ lines?>\.\.\.\s*")
 _CPP_THROW = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']*)'")
 _CPP_TERMINATE = re.compile(r"terminate called (?:without an active exception|recursively)")
@@ -405,6 +406,54 @@ class _Traceback(_Block):
         failure.chain = self.chain
         if self.child:
             _child_summary(failure, self.message)
+        return failure
+
+
+class _Group(_Block):
+    """Python 3.11's exception group: every line in the `|`/`+` gutter belongs to it.
+
+    The first exception line is the group's own; the later ones, its sub-exceptions.
+    """
+
+    kind = "traceback"
+
+    def __init__(self, line: ProgramLine, text: str, context: list[str], tick: int) -> None:
+        super().__init__(line, text, context, tick)
+        self.exception_type: str | None = None
+        self.message = ""
+        self.frames: list[Frame] = []
+        self.subs: list[str] = []
+
+    def stale_after(self) -> int:
+        return STALE_FRAMES
+
+    def offer(self, line: ProgramLine, fold: bool) -> _Verdict:
+        gutter = _GUTTER.match(line.text)
+        if gutter is None or len(self.raws) >= BLOCK_LINES:
+            return _Verdict.END
+        if gutter["mark"] == "|":
+            inner = gutter["rest"][1:] if gutter["rest"].startswith(" ") else gutter["rest"]
+            frame = _is_frame(inner)
+            if frame is not None:
+                self.frames.append(_py_frame(frame))
+            elif inner[:1].strip() and not inner.startswith(HEADER):
+                exception = _EXCEPTION.fullmatch(inner)
+                if exception is not None and self.exception_type is None:
+                    self.exception_type, self.message = exception["type"], exception["msg"] or ""
+                elif exception is not None:
+                    self.subs.append(inner.strip())
+        self.add(line)
+        return _Verdict.TAKE
+
+    def build(self, final: bool) -> ProgramFailure | None:
+        if self.exception_type is None and not self.frames:
+            return None
+        failure = self._failure(self.kind)
+        failure.exception_type = self.exception_type
+        failure.message = self.message
+        failure.frames = self.frames
+        if self.subs:
+            failure.fields["sub_exceptions"] = "; ".join(self.subs)
         return failure
 
 
@@ -840,7 +889,11 @@ class FailureAssembler:
         tick = self._tick
         at = text.find(HEADER)
         if at >= 0:
-            block: _Block = _Traceback(line, text[at:], list(stream.ring), tick, headless=False)
+            block: _Block
+            if text[:at].rstrip().endswith("+ Exception Group"):
+                block = _Group(line, text.strip(), list(stream.ring), tick)
+            else:
+                block = _Traceback(line, text[at:], list(stream.ring), tick, headless=False)
             self._open_block(key, stream, block)
             return []
         if _is_frame(text) is not None:

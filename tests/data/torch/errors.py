@@ -73,6 +73,19 @@ def custom_error() -> None:
     raise TrainerConfigError("per_device_train_batch_size must be positive, got 0")
 
 
+def exception_group() -> None:
+    def load(shard: int) -> None:
+        torch.load(f"/nonexistent/shard-{shard}.pt")
+
+    errors: list[Exception] = []
+    for shard in range(2):
+        try:
+            load(shard)
+        except FileNotFoundError as error:
+            errors.append(error)
+    raise ExceptionGroup("2 data shards failed to load", errors)
+
+
 CASES = {name: func for name, func in globals().items() if callable(func) and not name.startswith("_")}
 
 if __name__ == "__main__":

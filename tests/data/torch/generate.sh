@@ -16,7 +16,7 @@ cd "$here"
 export PYTHONWARNINGS="ignore:Failed to initialize NumPy"
 
 for case in chained not_implemented_half sparse_backend cuda_not_compiled nan_anomaly \
-    dtype_mismatch cpu_oom nccl_missing keyboard_interrupt custom_error; do
+    dtype_mismatch cpu_oom nccl_missing keyboard_interrupt custom_error exception_group; do
     "$py" errors.py "$case" > "errors-$case.log" 2>&1
 done
 
