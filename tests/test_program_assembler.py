@@ -493,6 +493,20 @@ def test_traceback_after_progress_bars_and_mid_line() -> None:
     assert glued.category == "missing_op"
 
 
+def test_collector_stamps_on_every_line() -> None:
+    """`kubectl logs --timestamps`: a stamp before every line is prefix; the failure keeps its time."""
+    body = fixture("errors-chained.log").splitlines()
+    stamped = [f"2026-11-30T10:56:{n:02d}.000000001Z {line}" for n, line in enumerate(body)]
+    failure = only(assemble("\n".join(stamped)))
+    assert failure.text == only(assemble("\n".join(body))).text
+    assert failure.chain == [
+        "KeyError: 'learning_rate'",
+        "trainer.checks.TrainerConfigError: learning_rate missing from config",
+    ]
+    assert failure.time == parse_stamp("2026-11-30T10:56:00Z") and failure.time_source == "stamp"
+    assert failure.lines == stamped
+
+
 def test_split_lines() -> None:
     assert split_lines("a\r\nb\rc\n\nd") == ["a", "b", "c", "", "d"]
     assert split_lines("a\n") == ["a"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from triage.program.prefix import NO_PREFIX, Prefix, split_prefix
+from triage.program.timestamps import parse_stamp
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus" / "cases.jsonl"
@@ -46,6 +47,10 @@ PREFIXED = [
     ("[1,0]<stdout>: step 1", 0, None, "step 1"),
     # pdsh (DeepSpeed multi-node): the host before the rank tag
     ("worker-1: [rank8]: Traceback (most recent call last):", 8, None, "Traceback (most recent call last):"),
+    # kubectl logs --timestamps / docker logs -t
+    ("2024-08-21T22:56:04.123456789Z [rank2]: Traceback (most recent call last):", 2, None, "Traceback (most"),
+    ('2024-08-21T22:56:04.123456789Z   File "x.py", line 1, in f', None, None, '  File "x.py"'),
+    ("2024-08-21T22:56:04+02:00 plain", None, None, "plain"),
     ('node07.cluster: [default2]:[rank10]:   File "x.py", line 1, in f', 10, 2, '  File "x.py"'),
 ]
 
@@ -77,12 +82,22 @@ NOT_PREFIXED = [
     "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed",
     "worker-1: no rank tag after the host",
     "Note: [x] is text",
+    "2024-08-21 22:56:04,123 - INFO - a Python logging record is the message, not a prefix",
+    "2024-08-21T22:56:04 naive ISO without a zone is not a collector's",
 ]
 
 
 @pytest.mark.parametrize("raw", NOT_PREFIXED)
 def test_not_prefixes(raw: str) -> None:
     assert split_prefix(raw) == (NO_PREFIX, raw)
+
+
+def test_collector_stamp_is_prefix_and_still_read_from_the_raw_line() -> None:
+    raw = '2024-08-21T22:56:04.5Z [rank1]:   File "train.py", line 3, in main'
+    prefix, text = split_prefix(raw)
+    assert (prefix.rank, text) == (1, '  File "train.py", line 3, in main')
+    assert parse_stamp(raw) == 1724280964.5
+    assert parse_stamp(text) is None
 
 
 def test_host_of_a_multi_node_launcher() -> None:

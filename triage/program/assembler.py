@@ -126,7 +126,10 @@ def _is_frame(text: str) -> re.Match[str] | None:
 
 
 def _is_stamped(line: ProgramLine) -> bool:
-    return line.time_source == "stamp" or parse_stamp(line.text) is not None
+    """A log record of its own (its text starts with a stamp): no message goes on into it.
+
+    The text, not time_source: a collector's stamp on every line is prefix, not a record start."""
+    return parse_stamp(line.text) is not None
 
 
 def _has_header(text: str) -> bool:

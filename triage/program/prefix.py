@@ -16,6 +16,10 @@ Where they come from (PyTorch 2.x):
   host in front; taken only before a rank tag, as `Note: [x]` is text.
 - Pastes and log collectors add a line counter `[80746] ` or a stamp
   `[2024-08-21 22:56:04][rank0]:` in front of those; they are stripped with them.
+- `kubectl logs --timestamps` and `docker logs -t` put an RFC 3339 stamp
+  (`2024-08-21T22:56:04.123456789Z `) before every line: stripped too, so that
+  traceback frames are still frames. Read the line's time from the raw line
+  (parse_stamp skips prefixes), not from the text this returns.
 
 A line that starts with none of these comes back whole with an empty Prefix.
 """
@@ -45,24 +49,42 @@ _STAMPED = re.compile(r"\[\d{4}-\d\d-\d\d[^\[\]]{0,40}\] ?(?=\[)")
 # `[name12]:`, `[12]:`; the name is lazy so that `default12` keeps all its digits.
 _TAG = re.compile(r"\[(?P<name>[A-Za-z_][\w.\-]{0,31}?)?(?P<num>\d{1,7})\]:")
 _MPI = re.compile(r"\[\d{1,9},(?P<num>\d{1,7})\]<std(?:out|err)>: ?")
+_COLLECTOR = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d) ")
 _HOST = re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]{0,62}): (?=\[)")
 
 
 def split_prefix(line: str) -> tuple[Prefix, str]:
     """The launcher prefix of `line` and the text after it."""
+    start = _collected_end(line)
+    found = _launcher(line, start)
+    if found is None:
+        return (NO_PREFIX, line) if start == 0 else (_prefix(None, None, start), line[start:])
+    rank, local_rank, end, host = found
+    return _prefix(rank, local_rank, end, host), line[end:]
+
+
+def _collected_end(line: str) -> int:
+    """Where a collector's RFC 3339 stamp at the start of `line` ends (0: none)."""
+    if not line[:1].isdigit():
+        return 0
+    collected = _COLLECTOR.match(line)
+    return collected.end() if collected is not None else 0
+
+
+def _launcher(line: str, pos: int) -> tuple[int | None, int | None, int, str | None] | None:
+    """Rank, local rank, end and host of the launcher tags at `pos`, or None."""
     host: str | None = None
-    pos = 0
-    if not line.startswith("["):
-        if ": [" not in line[:72]:
-            return NO_PREFIX, line
-        named = _HOST.match(line)
+    if not line.startswith("[", pos):
+        if ": [" not in line[pos : pos + 72]:
+            return None
+        named = _HOST.match(line, pos)
         if named is None:
-            return NO_PREFIX, line
+            return None
         host, pos = named["host"], named.end()
     if line[pos + 1 : pos + 2].isdigit():
         mpi = _MPI.match(line, pos)
         if mpi is not None:
-            return _prefix(int(mpi["num"]), None, mpi.end(), host), line[mpi.end() :]
+            return int(mpi["num"]), None, mpi.end(), host
         counter = _COUNTER.match(line, pos)
         if counter is not None:
             pos = counter.end()
@@ -94,8 +116,8 @@ def split_prefix(line: str) -> tuple[Prefix, str]:
         pos = end
         tags += 1
     if tags == 0:
-        return NO_PREFIX, line
-    return _prefix(rank, local_rank, pos, host), line[pos:]
+        return None
+    return rank, local_rank, pos, host
 
 
 _CACHE: dict[tuple[int | None, int | None, int, str | None], Prefix] = {}
