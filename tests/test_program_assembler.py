@@ -21,7 +21,7 @@ import pytest
 from triage.model import ProgramFailure, ProgramLine
 from triage.patterns import Rule, load_file
 from triage.program import FailureAssembler, assemble_text, make_line, split_lines
-from triage.program.assembler import FATAL_LINES, MESSAGE_LINES, STALE_MESSAGE
+from triage.program.assembler import FATAL_LINES, MAX_STREAMS, MESSAGE_LINES, STALE_MESSAGE
 from triage.program.timestamps import parse_stamp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -599,6 +599,16 @@ def test_limits() -> None:
     )
     failures = assemble(deep)
     assert failures and len(failures[0].lines) <= 2000
+
+
+def test_memory_stays_bounded_with_many_tags() -> None:
+    """`[stepN]:` lines look like a role's local ranks: the streams they make are capped."""
+    assembler = FailureAssembler(RULES)
+    feed_all(assembler, (f"[step{n}]: loss {n}" for n in range(3 * MAX_STREAMS)))
+    assert len(assembler._streams) <= MAX_STREAMS
+    body = fixture("errors-not_implemented_half.log").splitlines()
+    failures = feed_all(assembler, [f"[step7]:{line}" for line in body]) + assembler.flush()
+    assert only(failures).category == "missing_op"
 
 
 def test_program_line_is_built_by_make_line() -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -52,6 +52,9 @@ FOLD_WIDTH = 80
 #: Lines (of any stream) after which a silent stream's open block is closed.
 STALE_MESSAGE = 64
 STALE_FRAMES = 1024
+#: Streams remembered at most; beyond, the quiet ones are forgotten (a log whose
+#: `[stepN]:`-like tags look like ranks must not grow memory without bound).
+MAX_STREAMS = 4096
 
 _CHAIN = re.compile(
     r"\s*(?:During handling of the above exception, another exception occurred:"
@@ -205,10 +208,6 @@ class _Block:
         """Lines of other streams after which this block counts as abandoned."""
         return STALE_MESSAGE
 
-    def is_failure(self, text: str) -> bool:
-        """Does a rule name `text` on its own? Set by the assembler (no rules: never)."""
-        return False
-
     def offer(self, line: ProgramLine, fold: bool) -> _Verdict:
         raise NotImplementedError
 
@@ -243,11 +242,19 @@ class _Traceback(_Block):
     kind = "traceback"
 
     def __init__(
-        self, line: ProgramLine, text: str, context: list[str], tick: int, *, headless: bool, lenient: bool = True
+        self,
+        line: ProgramLine,
+        text: str,
+        context: list[str],
+        tick: int,
+        *,
+        headless: bool,
+        names: Callable[[str], bool] = lambda _text: False,
     ) -> None:
         super().__init__(line, text, context, tick)
         self.headless = headless
-        self.lenient = lenient
+        #: Does a rule name a line on its own? Such a line ends the message.
+        self.names = names
         self.state = "frames"
         self.frames: list[Frame] = []
         self.chain: list[str] = []
@@ -337,10 +344,8 @@ class _Traceback(_Block):
         if _ends_message(line) or stripped.startswith(("{'", '{"')):
             return _Verdict.END  # something else starts, or a metrics dict (a trainer's log record)
         known = self.after_last_error or bool(_CONTINUATION.match(stripped))
-        if not known and self.is_failure(text):
+        if not known and self.names(text):
             return _Verdict.END  # a fatal line of its own (a ROCr abort after the exception, say)
-        if not self.lenient and not (known or text[:1].isspace()):
-            return _Verdict.END
         self.after_last_error = stripped.startswith("Last error:")
         self.message_lines += 1
         if self.message_lines > MESSAGE_LINES:
@@ -798,9 +803,19 @@ class FailureAssembler:
     def _stream(self, key: StreamKey) -> _Stream:
         stream = self._streams.get(key)
         if stream is None:
+            if len(self._streams) >= MAX_STREAMS:
+                self._forget()
             stream = _Stream(ring=deque(maxlen=self.context_lines))
             self._streams[key] = stream
         return stream
+
+    def _forget(self) -> None:
+        """Drop the older half of the streams with nothing open (their context goes with them)."""
+        quiet = [key for key in self._streams if key not in self._open and key != self._last_key]
+        for key in quiet[: len(quiet) // 2 + 1]:
+            del self._streams[key]
+        if len(self._by_local) >= MAX_STREAMS:
+            self._by_local.clear()
 
     def _route(self, line: ProgramLine) -> tuple[StreamKey, bool]:
         """The stream a line belongs to, and whether it is the folded rest of the last line."""
@@ -858,8 +873,6 @@ class FailureAssembler:
         stream.last = line
 
     def _open_block(self, key: StreamKey, stream: _Stream, block: _Block) -> None:
-        if self.rules:
-            block.is_failure = self._names  # type: ignore[method-assign]
         stream.block = block
         self._open[key] = stream
 
@@ -896,11 +909,12 @@ class FailureAssembler:
             if text[:at].rstrip().endswith("+ Exception Group"):
                 block = _Group(line, text.strip(), list(stream.ring), tick)
             else:
-                block = _Traceback(line, text[at:], list(stream.ring), tick, headless=False)
+                block = _Traceback(line, text[at:], list(stream.ring), tick, headless=False, names=self._names)
             self._open_block(key, stream, block)
             return []
         if _is_frame(text) is not None:
-            self._open_block(key, stream, _Traceback(line, text, list(stream.ring), tick, headless=True))
+            block = _Traceback(line, text, list(stream.ring), tick, headless=True, names=self._names)
+            self._open_block(key, stream, block)
             return []
         stripped = text.strip()
         if not stripped:
@@ -918,7 +932,7 @@ class FailureAssembler:
         if standalone is not None:
             if stream.last_indented or standalone[0].endswith("ChildFailedError"):
                 # The source line above it: the end of a traceback whose head is not here.
-                block = _Traceback(line, text, list(stream.ring), tick, headless=True)
+                block = _Traceback(line, text, list(stream.ring), tick, headless=True, names=self._names)
             else:
                 block = _Fatal(line, text, list(stream.ring), tick, exception_type=standalone[0], message=standalone[1])
             self._open_block(key, stream, block)
