@@ -25,6 +25,7 @@ line with an open block therefore joins that block when it is one of those.
 from __future__ import annotations
 
 import re
+import signal
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -992,8 +993,6 @@ class FailureAssembler:
 
 
 def _signal_name(number: int) -> str:
-    import signal
-
     try:
         return signal.Signals(number).name
     except ValueError:
