@@ -51,7 +51,7 @@ STRUCTURAL_LITERALS: tuple[Literal, ...] = tuple(
 STAMP_REGEXES: tuple[bytes, ...] = (
     rb"\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d",
     rb"\d\d/\d\d/\d{4} \d\d:\d\d:\d\d",
-    rb"[IWEF]\d{4} \d\d:\d\d:\d\d",
+    rb"[IWEF]\d{3,4} \d\d:\d\d:\d\d",  # glog; c10 drops the leading zero
 )
 _NEWLINES = b"\n\r"
 
@@ -228,8 +228,7 @@ class ProgramLogScanner:
                 return
             line_start = _line_start(buffer, hit - 1, start)
             line = buffer[line_start : _line_end(buffer, line_start, stop)].decode("utf-8", "replace")
-            _, body = split_prefix(line)
-            stamp = parse_stamp(body, reference_year=self.reference_year)
+            stamp = parse_stamp(line, reference_year=self.reference_year)
             if stamp is not None:
                 self.last_stamp = stamp
                 self.stats.stamps += 1
@@ -240,7 +239,8 @@ class ProgramLogScanner:
         self.stats.detailed_lines += 1
         raw = raw_bytes.decode("utf-8", "replace")
         prefix, text = split_prefix(raw)
-        stamp = parse_stamp(text, reference_year=self.reference_year)
+        # parse_stamp skips launcher prefixes itself, and some stamps are one (kubectl --timestamps).
+        stamp = parse_stamp(raw, reference_year=self.reference_year)
         time: float | None
         source: TimeSource
         if stamp is not None:
@@ -260,6 +260,7 @@ class ProgramLogScanner:
             origin=self.origin,
             rank=prefix.rank,
             local_rank=prefix.local_rank,
+            host=prefix.host,
             time=time,
             time_source=source,
         )

@@ -103,6 +103,8 @@ class ProgramLine:
     origin: str = ""
     rank: int | None = None
     local_rank: int | None = None
+    #: The host a launcher (pdsh, a multi-node tail) put in front of the line.
+    host: str | None = None
     time: float | None = None
     time_source: TimeSource = "none"
 

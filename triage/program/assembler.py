@@ -234,6 +234,7 @@ class _Block:
             time_source=first.time_source,
             rank=self.rank,
             local_rank=self.local_rank,
+            host=first.host,
         )
 
 
