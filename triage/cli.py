@@ -82,8 +82,6 @@ def _scan(args: argparse.Namespace) -> int:
     else:
         colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         sys.stdout.write(format_text(result.incidents, colour=colour))
-        if result.clock == "one_window" and result.clock_note and not args.one_window:
-            sys.stdout.write(f"note: {result.clock_note}; correlated as one window\n")
     return 0
 
 
