@@ -10,7 +10,7 @@ dicts, INFO lines, a few real-looking tracebacks), then in the same run times
 and, to show that memory stays flat in the file size, the scan of a file a quarter
 the size. Prints a table; numbers go into benchmarks/README.md by hand.
 
-Usage: python benchmarks/scan.py [--size-mb 1024] [--keep] [--engine auto|hyperscan|re]
+Usage: python benchmarks/scan.py [--size-mb 1024] [--keep] [--engine auto|hyperscan|python]
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
-    parser.add_argument("--engine", default="auto", choices=("auto", "hyperscan", "re"))
+    parser.add_argument("--engine", default="auto", choices=("auto", "hyperscan", "python"))
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))

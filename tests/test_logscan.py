@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -52,10 +53,12 @@ def test_whole_log(engine: Engine) -> None:
     assert oom.time_source == "last_stamp"
 
 
-def test_every_byte_boundary_assembles_the_same(engine: Engine) -> None:
-    expected = summary(scan_in_pieces(engine, LOG, []))
-    for cut in range(1, len(LOG)):
-        assert summary(scan_in_pieces(engine, LOG, [cut])) == expected, f"split at byte {cut}"
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+def test_every_byte_boundary_assembles_the_same(engine: Engine, newline: bytes) -> None:
+    log = LOG.replace(b"\n", newline)
+    expected = summary(scan_in_pieces(engine, log, []))
+    for cut in range(1, len(log)):
+        assert summary(scan_in_pieces(engine, log, [cut])) == expected, f"split at byte {cut}"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -102,3 +105,17 @@ def test_line_numbers_count_skipped_lines(engine: Engine) -> None:
     data = b"ok\n" * 1000 + b"RuntimeError: No HIP GPUs are available\n"
     failures = scan_in_pieces(engine, data, [1500])
     assert [(f.category, f.line_number) for f in failures] == [("device_unavailable", 1001)]
+
+
+def test_python_prefilter_finds_what_hyperscan_finds(engine: Engine) -> None:
+    from triage.logscan import build_prefilter
+
+    data = LOG * 3 + b"ok\n" * 5000 + LOG
+    results = []
+    for name in ("python", engine.prefilter.engine):
+        prefilter = build_prefilter(engine.program_rules, name)
+        scanner = ProgramLogScanner(engine.program_rules, prefilter=prefilter)
+        found = scanner.feed(data[:7000]) + scanner.feed(data[7000:]) + scanner.finish()
+        results.append(summary(found))
+    assert results[0] == results[1]
+    assert len(results[0]) >= 4

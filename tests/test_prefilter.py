@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from triage.literals import Literal, required_literals
 from triage.prefilter import HAVE_HYPERSCAN, Prefilter
 
-ENGINES = ["re", *(["hyperscan"] if HAVE_HYPERSCAN else [])]
+ENGINES = ["python", *(["hyperscan"] if HAVE_HYPERSCAN else [])]
 
 
 def texts(pattern: str) -> list[tuple[str, bool]] | None:

@@ -21,6 +21,8 @@ from .program.assembler import FailureAssembler
 from .program.prefix import split_prefix
 from .program.timestamps import parse_stamp
 
+Buffer = bytes | bytearray
+
 #: Longest line kept whole; the rest of a longer line is dropped and counted.
 MAX_LINE = 64 * 1024
 #: Lines before a candidate handed to the assembler as context.
@@ -69,7 +71,7 @@ class ScanStats:
 def build_prefilter(rules: Sequence[Rule], engine: str | None = None) -> Prefilter:
     """The prefilter for a set of program rules plus the assembler's own literals.
 
-    TRIAGE_PREFILTER=hyperscan|re picks the engine (for benchmarks); default auto.
+    TRIAGE_PREFILTER=hyperscan|python picks the engine (for benchmarks); default auto.
     """
     engine = engine or os.environ.get("TRIAGE_PREFILTER", "auto")
     literals: list[Literal] = list(STRUCTURAL_LITERALS)
@@ -86,16 +88,22 @@ def build_stamp_finder(engine: str | None = None) -> Prefilter:
     return Prefilter(regexes=STAMP_REGEXES, engine=engine or os.environ.get("TRIAGE_PREFILTER", "auto"))
 
 
-def _line_start(buffer: bytes, pos: int, floor: int) -> int:
+def _line_start(buffer: Buffer, pos: int, floor: int) -> int:
     """Offset of the start of the line holding `pos` (not before `floor`)."""
-    cut = max(buffer.rfind(b"\n", floor, pos), buffer.rfind(b"\r", floor, pos))
-    return floor if cut < 0 else cut + 1
+    newline = buffer.rfind(b"\n", floor, pos)
+    low = floor if newline < 0 else newline + 1
+    carriage = buffer.rfind(b"\r", low, pos)  # only back to the \n: never a scan to the floor
+    return (carriage if carriage >= 0 else newline if newline >= 0 else floor - 1) + 1
 
 
-def _line_end(buffer: bytes, pos: int, stop: int) -> int:
+def _line_end(buffer: Buffer, pos: int, stop: int) -> int:
     """Offset of the newline ending the line that starts at `pos` (or `stop`)."""
-    ends = [i for i in (buffer.find(b"\n", pos, stop), buffer.find(b"\r", pos, stop)) if i >= 0]
-    return min(ends) if ends else stop
+    newline = buffer.find(b"\n", pos, stop)
+    bound = stop if newline < 0 else newline
+    carriage = buffer.find(b"\r", pos, bound)  # only up to the \n: never a scan to the end
+    if carriage >= 0:
+        return carriage
+    return bound
 
 
 class ProgramLogScanner:
@@ -122,36 +130,61 @@ class ProgramLogScanner:
         self.last_stamp: float | None = None
         self._carry = b""
         self._discarding = False  # inside the dropped tail of an over-long line
+        self._after_cr = False  # the last call ended on \r: a \n first thing is its pair
         self._line_number = 0  # lines (\n) before the current buffer position
 
     # -- feeding -------------------------------------------------------------
 
-    def feed(self, data: bytes) -> list[ProgramFailure]:
-        """Scan appended bytes; a partial last line waits for the next call."""
+    def feed(self, data: Buffer) -> list[ProgramFailure]:
+        """Scan appended bytes; a partial last line waits for the next call.
+
+        The big buffer is scanned where it lies (no copy): only the line that
+        straddles two calls is put together from its pieces.
+        """
         self.stats.bytes += len(data)
         failures: list[ProgramFailure] = []
-        buffer = self._carry + data if self._carry else data
-        self._carry = b""
+        start = 0
+        if self._after_cr and data[:1] == b"\n":
+            start = 1  # the \n of a \r\n split across two reads: one terminator
+            self._line_number += 1
+        self._after_cr = False
         if self._discarding:
-            cut = _first_newline(buffer, 0)
+            cut = _first_newline(data, start)
             if cut < 0:
                 return failures
             self._discarding = False
-            buffer = buffer[cut:]
-        last_newline = max(buffer.rfind(b"\n"), buffer.rfind(b"\r"))
-        end = last_newline + 1
-        if end:
-            failures.extend(self._scan(buffer, end))
-        rest = buffer[end:]
-        if len(rest) > MAX_LINE:
-            # An over-long line: its head is looked at as a line, the rest dropped and counted.
-            self.stats.long_lines += 1
-            self._discarding = True
-            failures.extend(self._detail(rest[:MAX_LINE]))
-        else:
-            self._carry = bytes(rest)
+            start = cut
+        if self._carry:
+            cut = _first_newline(data, start)
+            if cut < 0:
+                self._hold(bytes(self._carry) + bytes(data[start:]), failures)
+                return failures
+            head = self._carry + bytes(data[start : cut + 1])
+            self._carry = b""
+            failures.extend(self._scan(head, start=0, end=len(head)))
+            start = cut + 1
+            if head.endswith(b"\r") and data[start : start + 1] == b"\n":
+                start += 1
+                self._line_number += 1
+            self._after_cr = head.endswith(b"\r") and start == len(data)
+        last_newline = max(data.rfind(b"\n", start), data.rfind(b"\r", start))
+        end = last_newline + 1 if last_newline >= start else start
+        if end > start:
+            failures.extend(self._scan(data, start=start, end=end))
+            self._after_cr = end == len(data) and data[end - 1 : end] == b"\r"
+        self._hold(bytes(data[end:]), failures)
         self.stats.lines = self._line_number
         return failures
+
+    def _hold(self, rest: bytes, failures: list[ProgramFailure]) -> None:
+        """Keep a partial line for the next call; an over-long one is cut and counted."""
+        if len(rest) > MAX_LINE:
+            self.stats.long_lines += 1
+            self._discarding = True
+            self._carry = b""
+            failures.extend(self._detail(rest[:MAX_LINE]))
+        else:
+            self._carry = rest
 
     def finish(self) -> list[ProgramFailure]:
         """End of input: the last line even without a newline, then what is open."""
@@ -159,36 +192,37 @@ class ProgramLogScanner:
         if self._carry:
             tail = self._carry + b"\n"
             self._carry = b""
-            failures.extend(self._scan(tail, len(tail)))
+            failures.extend(self._scan(tail, start=0, end=len(tail)))
         failures.extend(self.assembler.flush())
         self.stats.lines = self._line_number
         return failures
 
     # -- scanning ------------------------------------------------------------
 
-    def _scan(self, buffer: bytes, end: int) -> list[ProgramFailure]:
+    def _scan(self, buffer: Buffer, *, start: int, end: int) -> list[ProgramFailure]:
         failures: list[ProgramFailure] = []
-        pos = 0
+        search = self.prefilter.over(buffer)
+        pos = start
         while pos < end:
             if self.assembler.idle:
-                hit = self.prefilter.search(buffer, pos, end)
+                hit = search.next(pos, end)
                 if hit is None:
                     self._skip(buffer, pos, end)
                     break
-                start = _line_start(buffer, max(hit - 1, pos), pos)
-                self._skip(buffer, pos, start)
-                pos = start
+                line_start = _line_start(buffer, max(hit - 1, pos), pos)
+                self._skip(buffer, pos, line_start)
+                pos = line_start
                 self.stats.candidates += 1
             line_end = _line_end(buffer, pos, end)
-            failures.extend(self._detail(buffer[pos:line_end]))
-            if buffer.startswith(b"\r\n", line_end):
+            failures.extend(self._detail(bytes(buffer[pos:line_end])))
+            if buffer[line_end : line_end + 2] == b"\r\n":
                 line_end += 1  # one terminator, not an empty line after it
             if buffer[line_end : line_end + 1] == b"\n":
                 self._line_number += 1
             pos = line_end + 1
         return failures
 
-    def _skip(self, buffer: bytes, start: int, stop: int) -> None:
+    def _skip(self, buffer: Buffer, start: int, stop: int) -> None:
         """Pass over lines no rule needs: count them, remember the last stamp and
         hand the last few to the assembler as context."""
         if stop <= start:
@@ -220,7 +254,7 @@ class ProgramLogScanner:
                 line_end += 1
             pos = line_end + 1
 
-    def _remember_last_stamp(self, buffer: bytes, start: int, stop: int) -> None:
+    def _remember_last_stamp(self, buffer: Buffer, start: int, stop: int) -> None:
         limit = stop
         while limit > start:
             hit = self.stamp_finder.search_last(buffer, start, limit)
@@ -267,6 +301,7 @@ class ProgramLogScanner:
         return self.assembler.feed(line)
 
 
-def _first_newline(buffer: bytes, start: int) -> int:
-    ends = [i for i in (buffer.find(b"\n", start), buffer.find(b"\r", start)) if i >= 0]
-    return min(ends) if ends else -1
+def _first_newline(buffer: Buffer, start: int) -> int:
+    """Offset of the first \n or \r at or after `start`, or -1."""
+    end = _line_end(buffer, start, len(buffer))
+    return end if end < len(buffer) else -1

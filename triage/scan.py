@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import io
 import os
+import queue
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any, BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from .clock import alignment, apply_kernel_clock
 from .correlate import correlate
@@ -51,7 +54,7 @@ def open_input(path: str) -> Iterator[tuple[BinaryIO, float | None]]:
     """A binary stream for a path or `-`, gunzipped when it is gzip; and its mtime."""
     try:
         if path == "-":
-            raw: IO[bytes] = sys.stdin.buffer
+            raw: BinaryIO = sys.stdin.buffer
             mtime = None
         else:
             raw = open(path, "rb")  # noqa: SIM115 - closed below
@@ -69,15 +72,44 @@ def open_input(path: str) -> Iterator[tuple[BinaryIO, float | None]]:
             raw.close()
 
 
-def _chunks(stream: IO[bytes], path: str) -> Iterator[bytes]:
-    while True:
+def _chunks(stream: io.BufferedIOBase | BinaryIO, path: str, *, ahead: int = 2) -> Iterator[bytearray]:
+    """Large reads into a few reused buffers, by a thread that reads ahead.
+
+    The read system calls run while the scanner works on the chunk before (they
+    release the GIL), and reusing buffers spares an allocation and its page faults
+    per chunk. A chunk is valid until the next one is asked for: the scanner copies
+    what it keeps.
+    """
+    free: queue.Queue[bytearray | None] = queue.Queue()
+    for _ in range(ahead + 2):
+        free.put(bytearray(READ_SIZE))
+    filled: queue.Queue[tuple[bytearray, int] | BaseException | None] = queue.Queue()
+
+    def read() -> None:
         try:
-            chunk = stream.read(READ_SIZE)
-        except (OSError, EOFError) as error:
-            raise InputError(f"cannot read {path}: {error}") from None
-        if not chunk:
-            return
-        yield chunk
+            while (buffer := free.get()) is not None:
+                size = cast(io.BufferedIOBase, stream).readinto(buffer)
+                if not size:
+                    break
+                filled.put((buffer, size))
+            filled.put(None)
+        except BaseException as error:  # handed to the consumer, raised there
+            filled.put(error)
+
+    reader = threading.Thread(target=read, name=f"read {path}", daemon=True)
+    reader.start()
+    try:
+        while (item := filled.get()) is not None:
+            if isinstance(item, BaseException):
+                if isinstance(item, OSError | EOFError):
+                    raise InputError(f"cannot read {path}: {item}") from None
+                raise item
+            buffer, size = item
+            yield buffer if size == len(buffer) else buffer[:size]
+            free.put(buffer)
+    finally:
+        free.put(None)
+        reader.join(timeout=5)
 
 
 def scan_program_log(engine: Engine, path: str) -> tuple[list[ProgramFailure], InputReport]:
