@@ -173,3 +173,14 @@ def test_fingerprint_is_stable_across_addresses_and_numbers() -> None:
     b = correlate([], [failure("oom", T0 + 9999, message="Tried to allocate 2.00 MiB at 0x1234")])
     assert a[0].fingerprint == b[0].fingerprint
     assert a[0].id != b[0].id
+
+
+def test_same_fault_address_links_and_says_so() -> None:
+    fault = event("vm_page_fault", T0 - 0.001, pid=18204, process="debayer")
+    fault.fields["page"] = str(0x508400)  # gmc v8: "VM fault (...) at page 5276672"
+    memory_fault = failure("illegal_memory_access", T0, message="Memory access fault by GPU node-1")
+    memory_fault.address = "0x508400000"
+    memory_fault.pid = 4242  # another pid than the kernel's: the address still ties them
+    incidents = correlate([fault], [memory_fault])
+    assert [(i.level, i.category) for i in incidents] == [("driver", "vm_page_fault")]
+    assert any("same fault address 0x508400000" in line for line in incidents[0].evidence)

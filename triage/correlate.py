@@ -168,11 +168,38 @@ def _process_kind(process: str | None) -> str:
     return "unknown"
 
 
+def _page(address: str) -> int | None:
+    try:
+        return int(address, 16) >> 12
+    except ValueError:
+        return None
+
+
+def fault_pages(event: KernelEvent) -> set[int]:
+    """The 4 KiB pages a kernel fault names (byte addresses, or gmc v6-v8's page numbers)."""
+    pages = {_page(a) for a in [event.address or "", *event.fields.get("addresses", "").split(",")] if a}
+    if event.fields.get("page", "").isdigit():
+        pages.add(int(event.fields["page"]))
+    return {page for page in pages if page}
+
+
+def _same_address(event: KernelEvent, crash: _Crash) -> str | None:
+    pages = fault_pages(event)
+    for failure in crash.failures:
+        page = _page(failure.address) if failure.address else None
+        if page and page in pages:
+            return f"same fault address {failure.address}"
+    return None
+
+
 def _relation(event: KernelEvent, crash: _Crash) -> str | None:
     """Why the event belongs to the crash ("same pid", "same GPU window", ...), or None."""
     pids = crash.pids
     if event.pid is not None and event.pid in pids:
         return f"same pid {event.pid}"
+    same_address = _same_address(event, crash)
+    if same_address:
+        return same_address
     naming = crash.naming_failure
     symptom = naming.category in taxonomy.SYMPTOM_CATEGORIES or taxonomy.level_of(naming.category) == "driver"
     if not symptom:
