@@ -119,3 +119,20 @@ def test_python_prefilter_finds_what_hyperscan_finds(engine: Engine) -> None:
         results.append(summary(found))
     assert results[0] == results[1]
     assert len(results[0]) >= 4
+
+
+def test_restart_from_safe_position_loses_and_repeats_nothing(engine: Engine) -> None:
+    """A daemon killed after any byte resumes at safe_position(): the failures it had
+    stored plus those of the resumed scan are exactly those of one uninterrupted scan."""
+    expected = summary(scan_in_pieces(engine, LOG, []))
+    for cut in range(1, len(LOG)):
+        first = ProgramLogScanner(engine.program_rules, origin="t.log", prefilter=engine.prefilter)
+        stored = first.feed(LOG[:cut])
+        offset, line = first.safe_position()
+        assert offset <= cut
+        second = ProgramLogScanner(
+            engine.program_rules, origin="t.log", prefilter=engine.prefilter, start_offset=offset, start_line=line
+        )
+        second.last_stamp = first.last_stamp  # the daemon keeps it with the position
+        resumed = second.feed(LOG[offset:]) + second.finish()
+        assert summary(stored + resumed) == expected, f"killed after byte {cut}"

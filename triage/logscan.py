@@ -118,6 +118,8 @@ class ProgramLogScanner:
         stamp_finder: Prefilter | None = None,
         reference_year: int | None = None,
         read_time: Callable[[], float] | None = None,
+        start_offset: int = 0,
+        start_line: int = 0,
     ) -> None:
         self.origin = origin
         self.prefilter = prefilter or build_prefilter(rules)
@@ -131,7 +133,12 @@ class ProgramLogScanner:
         self._carry = b""
         self._discarding = False  # inside the dropped tail of an over-long line
         self._after_cr = False  # the last call ended on \r: a \n first thing is its pair
-        self._line_number = 0  # lines (\n) before the current buffer position
+        self._line_number = start_line  # lines (\n) before the current buffer position
+        #: Absolute offset (in the file) of the next byte fed, and of the carried partial line.
+        self._offset = start_offset
+        self._carry_offset = start_offset
+        #: (offset, line number) where the open failure blocks began, while any is open.
+        self._busy_since: tuple[int, int] | None = None
 
     # -- feeding -------------------------------------------------------------
 
@@ -142,6 +149,8 @@ class ProgramLogScanner:
         straddles two calls is put together from its pieces.
         """
         self.stats.bytes += len(data)
+        base = self._offset
+        self._offset += len(data)
         failures: list[ProgramFailure] = []
         start = 0
         if self._after_cr and data[:1] == b"\n":
@@ -161,7 +170,7 @@ class ProgramLogScanner:
                 return failures
             head = self._carry + bytes(data[start : cut + 1])
             self._carry = b""
-            failures.extend(self._scan(head, start=0, end=len(head)))
+            failures.extend(self._scan(head, start=0, end=len(head), offset=self._carry_offset))
             start = cut + 1
             if head.endswith(b"\r") and data[start : start + 1] == b"\n":
                 start += 1
@@ -170,8 +179,10 @@ class ProgramLogScanner:
         last_newline = max(data.rfind(b"\n", start), data.rfind(b"\r", start))
         end = last_newline + 1 if last_newline >= start else start
         if end > start:
-            failures.extend(self._scan(data, start=start, end=end))
+            failures.extend(self._scan(data, start=start, end=end, offset=base))
             self._after_cr = end == len(data) and data[end - 1 : end] == b"\r"
+        if not self._carry:
+            self._carry_offset = base + end
         self._hold(bytes(data[end:]), failures)
         self.stats.lines = self._line_number
         return failures
@@ -192,14 +203,32 @@ class ProgramLogScanner:
         if self._carry:
             tail = self._carry + b"\n"
             self._carry = b""
-            failures.extend(self._scan(tail, start=0, end=len(tail)))
-        failures.extend(self.assembler.flush())
+            failures.extend(self._scan(tail, start=0, end=len(tail), offset=self._carry_offset))
+        failures.extend(self.flush_open())
         self.stats.lines = self._line_number
         return failures
 
+    def flush_open(self) -> list[ProgramFailure]:
+        """Complete the failures still open (live: the log went quiet); a partial
+        last line keeps waiting for its newline."""
+        failures = self.assembler.flush()
+        self._busy_since = None
+        return failures
+
+    def safe_position(self) -> tuple[int, int]:
+        """(offset, line number) to resume from after a restart without losing or
+        repeating a failure: the start of the oldest open failure or partial line,
+        else everything fed."""
+        if self._busy_since is not None:
+            return self._busy_since
+        if self._carry and not self._discarding:
+            return (self._carry_offset, self._line_number)
+        return (self._offset, self._line_number)
+
     # -- scanning ------------------------------------------------------------
 
-    def _scan(self, buffer: Buffer, *, start: int, end: int) -> list[ProgramFailure]:
+    def _scan(self, buffer: Buffer, *, start: int, end: int, offset: int) -> list[ProgramFailure]:
+        """Scan buffer[start:end] (whole lines); `offset` is buffer[0]'s offset in the file."""
         failures: list[ProgramFailure] = []
         search = self.prefilter.over(buffer)
         pos = start
@@ -214,7 +243,13 @@ class ProgramLogScanner:
                 pos = line_start
                 self.stats.candidates += 1
             line_end = _line_end(buffer, pos, end)
+            was_idle = self.assembler.idle
+            line_number = self._line_number
             failures.extend(self._detail(bytes(buffer[pos:line_end])))
+            if self.assembler.idle:
+                self._busy_since = None
+            elif was_idle:
+                self._busy_since = (offset + pos, line_number)
             if buffer[line_end : line_end + 2] == b"\r\n":
                 line_end += 1  # one terminator, not an empty line after it
             if buffer[line_end : line_end + 1] == b"\n":
