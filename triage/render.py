@@ -68,6 +68,7 @@ def failure_to_dict(failure: ProgramFailure) -> dict[str, Any]:
         "exception_type": failure.exception_type,
         "message": failure.message,
         "chain": list(failure.chain),
+        "frames": [{"file": f.file, "line": f.line, "function": f.function} for f in failure.frames],
         "count": failure.count,
         "follow_on": failure.follow_on,
         "fields": dict(failure.fields),
