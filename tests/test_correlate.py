@@ -184,3 +184,12 @@ def test_same_fault_address_links_and_says_so() -> None:
     incidents = correlate([fault], [memory_fault])
     assert [(i.level, i.category) for i in incidents] == [("driver", "vm_page_fault")]
     assert any("same fault address 0x508400000" in line for line in incidents[0].evidence)
+
+
+def test_correlate_is_pure_same_inputs_same_answer() -> None:
+    failures = [failure("oom", T0 + rank, rank=rank, message="HIP out of memory") for rank in range(4)]
+    events = [event("gpu_reset", T0 - 5)]
+    first = correlate(events, failures)
+    second = correlate(events, failures)
+    assert [(i.category, i.count, i.ranks) for i in first] == [(i.category, i.count, i.ranks) for i in second]
+    assert all(f.count == 1 and f.ranks == [] for f in failures)

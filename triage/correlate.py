@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import regex
 
@@ -68,14 +68,18 @@ _OTHER_PROCESS = regex.compile(
 class _Crash:
     """Program failures of one crash, distinct ones kept, repeats counted."""
 
+    #: One representative per distinct failure: a copy, so counting never touches the input.
     failures: list[ProgramFailure] = field(default_factory=list)
     fingerprints: dict[str, ProgramFailure] = field(default_factory=dict)
+    #: Every input failure, repeats included (what a live caller keys its evidence by).
+    members: list[ProgramFailure] = field(default_factory=list)
     first: float | None = None
     last: float | None = None
     origin: str = ""
     events: list[tuple[KernelEvent, str]] = field(default_factory=list)
 
     def add(self, failure: ProgramFailure) -> None:
+        self.members.append(failure)
         key = failure_fingerprint(failure)
         same = self.fingerprints.get(key)
         if same is not None:
@@ -84,9 +88,9 @@ class _Crash:
                 if rank not in same.ranks:
                     same.ranks.append(rank)
         else:
-            failure.ranks = _ranks(failure)
-            self.fingerprints[key] = failure
-            self.failures.append(failure)
+            representative = replace(failure, ranks=_ranks(failure), fields=dict(failure.fields))
+            self.fingerprints[key] = representative
+            self.failures.append(representative)
         if failure.time is not None:
             self.first = failure.time if self.first is None else min(self.first, failure.time)
             self.last = failure.time if self.last is None else max(self.last, failure.time)
@@ -391,6 +395,7 @@ def _incident_from_crash(crash: _Crash, one_window: bool, clock_note: str) -> In
         evidence=evidence,
         kernel_events=sorted(events, key=order_key),
         program_failures=list(crash.failures),
+        members=[*events, *crash.members],
         ranks=ranks,
         pids=pids,
         devices=devices,
@@ -441,6 +446,7 @@ def _incident_from_events(events: list[KernelEvent], one_window: bool) -> Incide
         fingerprint=fingerprint,
         evidence=evidence,
         kernel_events=sorted(events, key=order_key),
+        members=list(events),
         pids=sorted({e.pid for e in events if e.pid is not None}),
         devices=sorted({e.device for e in events if e.device}),
         clock="one_window" if one_window else "aligned",

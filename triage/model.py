@@ -173,3 +173,6 @@ class Incident:
     devices: list[str] = field(default_factory=list)
     #: "aligned" when kernel and program clocks were aligned, "one_window" when not.
     clock: str = "aligned"
+    #: Every input event and failure this incident holds, repeats included (not rendered):
+    #: how a live caller knows which of its evidence the incident owns.
+    members: list[KernelEvent | ProgramFailure] = field(default_factory=list)
