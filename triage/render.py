@@ -6,7 +6,7 @@ import datetime as dt
 import shutil
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .model import Incident, KernelEvent, ProgramFailure
 
@@ -112,8 +112,29 @@ def _local(value: float | None) -> str:
     return dt.datetime.fromtimestamp(value).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
+class TextIncident(Protocol):
+    """What the table shows of an incident: an `Incident` of a scan, or the API's view of a stored one."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def level(self) -> str: ...
+    @property
+    def category(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def hint(self) -> str: ...
+    @property
+    def first_seen(self) -> float | None: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def evidence(self) -> Sequence[str]: ...
+
+
 def format_text(
-    incidents: Sequence[Incident], *, colour: bool = False, width: int | None = None, evidence_lines: int = 4
+    incidents: Sequence[TextIncident], *, colour: bool = False, width: int | None = None, evidence_lines: int = 4
 ) -> str:
     """A short report for a terminal: most important first, one block per incident."""
     columns = width or shutil.get_terminal_size((100, 24)).columns
