@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: run test lint bench clean
+.PHONY: run example test lint bench clean
 
 $(VENV)/.installed-run: pyproject.toml deploy/install-system-deps.sh
 	./deploy/install-system-deps.sh run
@@ -21,6 +21,11 @@ $(VENV)/.installed-test: $(VENV)/.installed-run
 	touch $@
 
 run: $(VENV)/.installed-run
+	mkdir -p logs
+	@echo "triage: watching ./logs/**/*.log and the kernel log; try: curl localhost:8750/incidents (Ctrl-C stops)"
+	$(VENV)/bin/triage serve --listen 127.0.0.1:8750 --state-dir .state --watch './logs/**/*.log'
+
+example: $(VENV)/.installed-run
 	$(VENV)/bin/triage scan --kernel tests/data/example/kern.log --log tests/data/example/train.log
 
 lint: $(VENV)/.installed-test
