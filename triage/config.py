@@ -24,7 +24,7 @@ from typing import Any
 
 from .store import default_state_dir
 
-DEFAULT_PATH = Path("/etc/triage/triage.toml")
+DEFAULT_CONFIG_PATH = Path("/etc/triage/triage.toml")
 DEFAULT_LISTEN = "127.0.0.1:8750"
 DEFAULT_PATTERNS_DIR = "/etc/triage/patterns"
 KERNEL_SOURCES = ("auto", "kmsg", "journal", "both", "none")
@@ -50,10 +50,8 @@ def _show(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     kind = {bool: "boolean", int: "integer", float: "float", list: "array", dict: "table"}.get(type(value))
-    try:
-        text = json.dumps(value, default=str)
-    except ValueError:  # nan, inf
-        text = str(value)
+    finite = not isinstance(value, float) or math.isfinite(value)
+    text = json.dumps(value, default=str) if finite else str(value)  # nan, inf: as TOML spells them
     return f"{text} ({kind})" if kind else f"{text} ({type(value).__name__})"
 
 
@@ -104,12 +102,13 @@ def _path(value: Any) -> Path:
 
 def parse_listen(value: str) -> tuple[str, int]:
     """`HOST:PORT` or `[IPV6]:PORT` -> (host without brackets, port); _Bad when it is neither."""
-    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+(?:%[\w.-]+)?)\]:(\d{1,5})|([^\s:\[\]]+):(\d{1,5})", value)
+    match = re.fullmatch(r"\[([^\]]*)\]:(\d{1,5})|([^\s:\[\]]+):(\d{1,5})", value)
     if match is None:
         raise _Bad(f"expected HOST:PORT, got {_show(value)}")
-    host = match.group(1) or match.group(3)
-    port = int(match.group(2) or match.group(4))
-    if match.group(1):
+    bracketed = match.group(2) is not None
+    host = match.group(1) if bracketed else match.group(3)
+    port = int(match.group(2) if bracketed else match.group(4))
+    if bracketed:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
@@ -286,7 +285,7 @@ def parse_config(text: str, name: str = "triage.toml") -> Config:
 def load_config(path: Path | None) -> Config:
     """The config in `path` (None: the default path, which may be absent); ConfigError when it is wrong."""
     explicit = path is not None
-    target = path if path is not None else DEFAULT_PATH
+    target = path if path is not None else DEFAULT_CONFIG_PATH
     try:
         data = target.read_bytes()
     except FileNotFoundError:
