@@ -126,6 +126,8 @@ def journald_unusable() -> str | None:
     for tool in (JOURNALD, shutil.which("unshare")):
         if not tool or not os.access(tool, os.X_OK):
             return f"{tool or 'unshare'} is missing"
+    if not os.path.isfile("/etc/machine-id"):
+        return "no /etc/machine-id: journald names its journal directory after it"
     done = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if done.returncode != 0:
         return f"no mount namespace here (unshare -m: {done.stderr.decode(errors='replace').strip()})"
@@ -138,6 +140,8 @@ mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -p /run/log/journal /run/systemd/journal
 mount --bind "$1/journal" /run/log/journal
 if [ -d /var/log/journal ]; then mount --bind "$1/var" /var/log/journal; fi
+# An empty machine-id (container images ship one) gets a made-up one, for journald only.
+if [ ! -s /etc/machine-id ]; then cat /proc/sys/kernel/random/uuid | tr -d - > "$1/machine-id"; mount --bind "$1/machine-id" /etc/machine-id; fi
 exec {journald}
 """
 
