@@ -66,6 +66,12 @@ def test_old_evidence_leaves_the_window() -> None:
     assert len(live.failures) == 1 and len(live.incidents) == 1
 
 
+def test_an_old_log_read_now_still_makes_incidents() -> None:
+    live = LiveCorrelator(horizon=60, clock=lambda: T0 + 86400)
+    commit = live.add([], [failure("oom", T0, message="a day-old OOM")])
+    assert [i.category for i in commit.incidents] == ["oom"]
+
+
 def test_documents_round_trip_for_a_restart() -> None:
     original_event = event("vm_page_fault", T0, pid=7, process="python")
     original_event.fields["page"] = "12"

@@ -35,7 +35,8 @@ from .taxonomy import CATEGORIES, level_of
 log = logging.getLogger("triage.api")
 
 #: Paths that answer without the bearer token: a load balancer or systemd probe has none.
-PUBLIC_PATHS = frozenset({"/healthz"})
+#: Open without the token: liveness, and the API's description (no incident data in either).
+PUBLIC_PATHS = frozenset({"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect"})
 MAX_LIMIT = 1000
 TEXT_WIDTH = 100
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -85,6 +85,36 @@ def _scan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """Run the daemon (imports kept here: `triage scan` need not load the web stack)."""
+    import logging
+
+    from .config import DEFAULT_CONFIG_PATH, ConfigError, apply_overrides, load_config, validate
+    from .service import Daemon
+
+    path = Path(args.config) if args.config else None
+    overrides = {
+        "listen": args.listen,
+        "state_dir": args.state_dir,
+        "watch": args.watch or None,
+        "kernel_source": args.kernel_source,
+        "patterns": args.patterns or None,
+    }
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        config = apply_overrides(load_config(path), **overrides)
+        validate(config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    logging.basicConfig(
+        level=getattr(logging, str(config.log_level).upper(), logging.INFO),
+        format="%(levelname)s %(name)s: %(message)s",  # journald adds the time
+        stream=sys.stderr,
+    )
+    reload_path = path if path is not None else (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None)
+    return Daemon(config, config_path=reload_path, overrides=overrides).run()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triage", description=__doc__)
     parser.add_argument("--version", action="version", version=f"triage {__version__}")
@@ -125,6 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="the logs share no clock: correlate everything in them as one time window",
     )
     scan_parser.set_defaults(handler=_scan)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the daemon: tail the kernel log and training logs, serve incidents over HTTP",
+        description="Tail the kernel log and training logs, keep incidents in SQLite, serve them over HTTP.",
+    )
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration (default /etc/triage/triage.toml)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="HTTP address (default 127.0.0.1:8750)")
+    serve.add_argument("--state-dir", metavar="DIR", help="where the SQLite store lives")
+    serve.add_argument(
+        "--watch", action="append", default=[], metavar="GLOB", help="training log glob (repeatable; replaces)"
+    )
+    serve.add_argument("--kernel-source", choices=("auto", "kmsg", "journal", "both", "none"))
+    serve.add_argument(
+        "--patterns", action="append", default=[], metavar="DIR", help="extra rule directory (repeatable)"
+    )
+    serve.set_defaults(handler=_serve)
 
     patterns = commands.add_parser("patterns", help="work with pattern files")
     patterns_commands = patterns.add_subparsers(dest="patterns_command", required=True)

@@ -195,6 +195,7 @@ class StateConfig:
 class KernelConfig:
     source: str = _setting("auto", _choice(*KERNEL_SOURCES))
     previous_boot: bool = _setting(True, _boolean)
+    journal_directory: str = _setting("", _string)
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,7 +146,7 @@ class LiveCorrelator:
             else:
                 self.failures[row.key] = failure_from_dict(row.document)
             self.owner[row.key] = row.incident_id
-            self.arrived[row.key] = row.time if row.time is not None else self.clock()
+            self.arrived[row.key] = self.clock()
 
     def add(self, events: Sequence[KernelEvent], failures: Sequence[ProgramFailure]) -> Commit:
         """Take new evidence; return what changed, ready for Store.commit."""
@@ -170,15 +170,12 @@ class LiveCorrelator:
         return self._recorrelate(now)
 
     def _prune(self, now: float) -> None:
+        """Forget what arrived more than `horizon` ago (by arrival, not by its own time:
+        an old log read today is still correlated with its own neighbours)."""
         oldest = now - self.horizon
-
-        def stale(key: str, when: float | None) -> bool:
-            return (when if when is not None else self.arrived.get(key, now)) < oldest
-
-        for key in [k for k, e in self.events.items() if stale(k, e.time)]:
-            del self.events[key]
-        for key in [k for k, f in self.failures.items() if stale(k, f.time)]:
-            del self.failures[key]
+        for pool in (self.events, self.failures):
+            for key in [k for k in pool if self.arrived.get(k, now) < oldest]:
+                del pool[key]
         while len(self.events) + len(self.failures) > self.max_items:
             pool = self.events if len(self.events) >= len(self.failures) else self.failures
             del pool[next(iter(pool))]
