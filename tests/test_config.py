@@ -50,7 +50,7 @@ def test_no_file_at_the_default_path_gives_defaults(monkeypatch: pytest.MonkeyPa
     assert (config.state.retention_days, config.state.max_incidents) == (30.0, 10000)
     assert (config.kernel.source, config.kernel.previous_boot) == ("auto", True)
     assert config.logs.watch == ("/var/log/training/**/*.log",)
-    assert (config.logs.existing_from_end, config.logs.rescan_interval, config.logs.quiet_flush) == (True, 5.0, 1.0)
+    assert (config.logs.existing_from_end, config.logs.rescan_interval, config.logs.quiet_flush) == (True, 5.0, 0.2)
     assert config.patterns.dirs == ("/etc/triage/patterns",)
     assert config.correlation.horizon_hours == 2.0
     assert config.log_level == "info"

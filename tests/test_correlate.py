@@ -193,3 +193,15 @@ def test_correlate_is_pure_same_inputs_same_answer() -> None:
     second = correlate(events, failures)
     assert [(i.category, i.count, i.ranks) for i in first] == [(i.category, i.count, i.ranks) for i in second]
     assert all(f.count == 1 and f.ranks == [] for f in failures)
+
+
+def test_first_observed_cause_names_the_crash_not_a_later_one() -> None:
+    incidents = correlate(
+        [],
+        [
+            failure("unclassified", T0 - 1, message="symptom first", line=1),
+            failure("dtype_config", T0, message="expected scalar type", rank=2, line=5),
+            failure("missing_op", T0 + 2, message="not implemented for 'Half'", rank=1, line=39),
+        ],
+    )
+    assert [i.category for i in incidents] == ["dtype_config"]

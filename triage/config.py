@@ -203,7 +203,7 @@ class LogsConfig:
     watch: tuple[str, ...] = _setting(("/var/log/training/**/*.log",), _string_list)
     existing_from_end: bool = _setting(True, _boolean)
     rescan_interval: float = _setting(5.0, _positive_number)
-    quiet_flush: float = _setting(1.0, _positive_number)
+    quiet_flush: float = _setting(0.2, _positive_number)
 
 
 @dataclass(frozen=True, slots=True)

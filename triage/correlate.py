@@ -99,8 +99,18 @@ class _Crash:
 
     @property
     def naming_failure(self) -> ProgramFailure:
+        """The failure that names the crash: not an aftermath, a cause rather than a symptom,
+        and of those the first observed (torchrun's "root cause" is the first failure too)."""
         primary = [f for f in self.failures if not f.follow_on] or self.failures
-        return min(primary, key=lambda f: (taxonomy.category_rank(f.category), f.line_number))
+        causes = [f for f in primary if f.category not in taxonomy.SYMPTOM_CATEGORIES] or primary
+        return min(
+            causes,
+            key=lambda f: (
+                f.time if f.time is not None else float("inf"),
+                f.line_number,
+                taxonomy.category_rank(f.category),
+            ),
+        )
 
     @property
     def pids(self) -> set[int]:
@@ -305,10 +315,12 @@ def describe_event(event: KernelEvent) -> str:
 
 
 def describe_failure(failure: ProgramFailure) -> str:
-    subject = failure.message or failure.text.splitlines()[-1] if failure.text else failure.title
-    if failure.exception_type and failure.message and not failure.message.startswith(failure.exception_type):
-        subject = f"{failure.exception_type}: {failure.message}"
-    subject = subject.strip().split("\n", 1)[0]
+    # The first line of the message that says something (torchrun's summary starts with a row of '=').
+    message = next((line.strip() for line in failure.message.splitlines() if line.strip(" =-:")), "")
+    subject = message or (failure.text.splitlines()[-1] if failure.text else failure.title)
+    if failure.exception_type and message and not message.startswith(failure.exception_type):
+        subject = f"{failure.exception_type}: {message}"
+    subject = subject.strip()
     if len(subject) > 160:
         subject = subject[:157] + "..."
     ranks = sorted(set(failure.ranks))
