@@ -39,6 +39,7 @@ test: $(VENV)/.installed-test lint
 
 bench: $(VENV)/.installed-run
 	$(PY) benchmarks/scan.py
+	$(PY) benchmarks/live.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
