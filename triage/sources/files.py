@@ -893,6 +893,11 @@ class FileSource:
         old, tail.heir_of = tail.heir_of, None
         if old is None or tail.offset != 0 or self._tails.get(old.ident) is not old:
             return
+        try:
+            self._read(old, budget=None)  # bytes the old descriptor got first say the writer kept it
+        except OSError as exc:
+            self._file_error(old.path, exc)
+            return
         if old.grew_since_move or not old.stream.mid_record():
             return
         stream = old.stream
