@@ -308,27 +308,15 @@ class Store:
         include_merged: bool = False,
     ) -> tuple[list[StoredIncident], str | None]:
         """Newest first; `cursor` continues after the last incident of a previous page."""
-        clauses: list[str] = []
-        params: list[object] = []
-        if not include_merged:
-            clauses.append("merged_into IS NULL")
-        if since is not None:
-            clauses.append("sort_time >= ?")
-            params.append(since)
-        if until is not None:
-            clauses.append("sort_time <= ?")
-            params.append(until)
-        if level is not None:
-            clauses.append("level = ?")
-            params.append(level)
-        if category is not None:
-            clauses.append("category = ?")
-            params.append(category)
-        if cursor is not None:
-            after_time, after_id = decode_cursor(cursor)
-            clauses.append("(sort_time < ? OR (sort_time = ? AND id < ?))")
-            params += [after_time, after_time, after_id]
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        after = decode_cursor(cursor) if cursor is not None else None
+        where, params = _where(
+            ("merged_into IS NULL", () if not include_merged else None),
+            ("sort_time >= ?", (since,) if since is not None else None),
+            ("sort_time <= ?", (until,) if until is not None else None),
+            ("level = ?", (level,) if level is not None else None),
+            ("category = ?", (category,) if category is not None else None),
+            ("(sort_time < ? OR (sort_time = ? AND id < ?))", (after[0], after[0], after[1]) if after else None),
+        )
         rows = self.db.execute(
             f"SELECT * FROM incidents {where} ORDER BY sort_time DESC, id DESC LIMIT ?", (*params, limit + 1)
         ).fetchall()
@@ -346,15 +334,10 @@ class Store:
 
     def evidence(self, *, since: float | None = None, limit: int = 100, kind: str | None = None) -> list[EvidenceRow]:
         """Recent kernel events and program failures, newest stored first."""
-        clauses: list[str] = []
-        params: list[object] = []
-        if since is not None:
-            clauses.append("stored >= ?")
-            params.append(since)
-        if kind is not None:
-            clauses.append("kind = ?")
-            params.append(kind)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        where, params = _where(
+            ("stored >= ?", (since,) if since is not None else None),
+            ("kind = ?", (kind,) if kind is not None else None),
+        )
         rows = self.db.execute(
             f"SELECT * FROM evidence {where} ORDER BY stored DESC, key DESC LIMIT ?", (*params, limit)
         ).fetchall()
@@ -375,6 +358,13 @@ class Store:
                 "GROUP BY level, category"
             )
         }
+
+
+def _where(*conditions: tuple[str, tuple[object, ...] | None]) -> tuple[str, list[object]]:
+    """A WHERE clause of the conditions whose parameters are given (None: left out)."""
+    used = [(clause, params) for clause, params in conditions if params is not None]
+    where = f"WHERE {' AND '.join(clause for clause, _ in used)}" if used else ""
+    return where, [value for _, params in used for value in params]
 
 
 def _statements(script: str) -> Iterable[str]:
