@@ -34,7 +34,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.inotify import InotifyObserver
 
@@ -55,6 +65,18 @@ PASS_CHUNKS = 16
 DETACHED_POLL = 0.2
 #: A file idle this long gives its scanner back (it is rebuilt when the file grows).
 IDLE_RELEASE = 300.0
+#: Passes start at least this far apart: a file written line by line costs a pass per burst.
+COALESCE = 0.05
+#: The inotify events that matter (no IN_OPEN / IN_CLOSE: our own reads would wake us).
+WATCHED_EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileDeletedEvent,
+    DirCreatedEvent,
+    DirMovedEvent,
+    DirDeletedEvent,
+]
 _MAGIC = re.compile(r"[*?[]")
 _IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
 
@@ -483,7 +505,7 @@ class _Watches:
 
     def _schedule(self, path: str, recursive: bool) -> None:
         st = os.stat(path)
-        handle = self.observer.schedule(self.handler, path, recursive=recursive)
+        handle = self.observer.schedule(self.handler, path, recursive=recursive, event_filter=WATCHED_EVENTS)
         self.watches[path] = _Watch(recursive, (st.st_dev, st.st_ino), handle)
 
     def _unschedule(self, path: str) -> None:
@@ -646,8 +668,11 @@ class FileSource:
     def _run(self, stopping: threading.Event) -> None:
         try:
             while not stopping.is_set():
+                started = time.monotonic()
                 self._pass()
                 self._signals.wake.wait(self._timeout())
+                # A burst of writes (an inotify event each) is read in one pass, not one per write.
+                stopping.wait(COALESCE - (time.monotonic() - started))
             self._deliver(force=True)
         except Exception as exc:  # a bug: the source is dead, /healthz and the watchdog say so
             log.exception("%s: reader stopped", self.name)
