@@ -509,6 +509,30 @@ def test_unreadable_file_is_counted_and_skipped(tmp_path: Path, start: Start, mo
     assert summary(sink)[1] == ("bad.log", "RuntimeError", "oom", 1, 6)
 
 
+def test_without_inotify_the_rescan_finds_and_reads_everything(
+    tmp_path: Path, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No inotify instance left (or a filesystem that sends no events, NFS): the periodic
+    rescan alone finds new files and reads the ones that grew."""
+
+    def no_inotify() -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(files_module, "InotifyObserver", no_inotify)
+    log = tmp_path / "train.log"
+    log.write_bytes(b"")
+    source, sink = start([str(tmp_path / "**" / "*.log")], rescan_interval=0.3)
+    assert source.health().detail["watching"].startswith("rescan only")
+    append(log, step(1) + OOM + step(2))
+    (tmp_path / "run2").mkdir()
+    (tmp_path / "run2" / "train.log").write_bytes(DTYPE + step(1))
+    assert sink.wait_for(count_at_least(sink, 2), timeout=5.0)
+    assert sorted(summary(sink)) == [
+        ("train.log", "RuntimeError", "dtype_config", 1, 15),
+        ("train.log", "RuntimeError", "oom", 2, 6),
+    ]
+
+
 def test_a_sink_that_fails_gets_the_same_batch_again(tmp_path: Path, engine: Engine) -> None:
     """A store that cannot commit: the batch is kept and handed over again, nothing is lost or
     doubled, and the source shows no progress meanwhile."""
@@ -574,9 +598,10 @@ def test_globset_matches_what_glob_lists(tmp_path: Path) -> None:
         assert {path for path in every if globset.matches(path)} == listed, pattern
         assert globset.expand() == listed
     assert GlobSet(patterns).roots() == [WatchRoot(str(tmp_path), True)]
-    assert GlobSet(["/var/log/training/*.log", "/srv/run.log"]).roots() == [
+    assert GlobSet(["/var/log/training/*.log", "/srv/run.log", "/data/out/**"]).roots() == [
         WatchRoot("/var/log/training", False),
         WatchRoot("/srv", False),
+        WatchRoot("/data/out", True),
     ]
 
 

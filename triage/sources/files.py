@@ -130,7 +130,8 @@ class GlobSet:
                     break
                 fixed.append(part)
             base = "/" + "/".join(fixed)
-            roots[base] = roots.get(base, False) or len(fixed) < len(parts) - 1
+            recursive = len(fixed) < len(parts) - 1 or parts[-1] == "**"
+            roots[base] = roots.get(base, False) or recursive
         return [WatchRoot(path, recursive) for path, recursive in roots.items()]
 
 
@@ -484,6 +485,8 @@ class _Watches:
         self.observer = observer
         self.handler = handler
         self.watches: dict[str, _Watch] = {}
+        #: The watched directories, for health() in another thread (replaced, never changed).
+        self.paths: tuple[str, ...] = ()
 
     def update(self, roots: Sequence[WatchRoot], on_error: Callable[[str, OSError], None]) -> None:
         wanted: dict[str, bool] = {}
@@ -502,6 +505,7 @@ class _Watches:
                     self._schedule(path, recursive)
                 except OSError as exc:  # e.g. the inotify watch limit: the rescan still covers it
                     on_error(path, exc)
+        self.paths = tuple(sorted(self.watches))
 
     def _schedule(self, path: str, recursive: bool) -> None:
         st = os.stat(path)
@@ -652,7 +656,7 @@ class FileSource:
                 "long_lines": self._long_lines,
                 "globs": list(self.globs.patterns),
                 "watching": self._watching,
-                "watches": sorted(self._watches.watches) if self._watches else [],
+                "watches": list(self._watches.paths) if self._watches else [],
                 "files": files,
                 "behind_bytes": sum(max(0, tail.size - tail.offset) for tail in tails),
                 "file_errors": self._file_errors,
