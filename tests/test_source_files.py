@@ -84,6 +84,11 @@ def shape(collector: Collector) -> list[tuple[str | None, str, int]]:
     return [(f.exception_type, f.category, len(f.lines)) for f in failures(collector)]
 
 
+def rss() -> int:
+    """Resident set size of this process, bytes."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def count_at_least(collector: Collector, n: int) -> Callable[[], bool]:
     return lambda: len(failures(collector)) >= n
 
@@ -418,23 +423,36 @@ def test_deleted_file_is_finished_and_forgotten(tmp_path: Path, start: Start) ->
 # -- bad input ---------------------------------------------------------------------
 
 
-def test_100_mb_line_without_newline_is_capped_counted_and_what_follows_found(tmp_path: Path, start: Start) -> None:
+@pytest.mark.parametrize("arrival", ["appended", "whole"])
+def test_100_mb_line_without_newline_is_capped_counted_and_what_follows_found(
+    tmp_path: Path, start: Start, arrival: str
+) -> None:
+    """A 100 MB line, appended while the source reads along, or present whole when the file
+    appears (renamed into the glob): memory stays at a few read buffers, the line is counted
+    as skipped, and the traceback after it is found whole."""
     log = tmp_path / "train.log"
+    writing = log if arrival == "appended" else tmp_path / "train.tmp"
     log.write_bytes(b"")
     source, sink = start([str(tmp_path / "*.log")])
+    if arrival == "whole":
+        log.unlink()
     chunk = b"x" * (1 << 20)
+    rss_before = rss()
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
-        with log.open("ab") as writer:
+        with writing.open("ab") as writer:
             for _ in range(100):
                 writer.write(chunk)
             writer.write(b"\n" + DTYPE)
+        if arrival == "whole":
+            writing.rename(log)
         assert sink.wait_for(count_at_least(sink, 1), timeout=9.0)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20, f"peak {peak / 2**20:.1f} MiB while reading a 100 MB line"
+    assert rss() - rss_before < 48 << 20, "resident memory grew with the line"
     assert shape(sink) == [WHOLE_DTYPE]
     assert failures(sink)[0].line_number == 2
     health = source.health()
