@@ -136,3 +136,14 @@ def test_restart_from_safe_position_loses_and_repeats_nothing(engine: Engine) ->
         second.last_stamp = first.last_stamp  # the daemon keeps it with the position
         resumed = second.feed(LOG[offset:]) + second.finish()
         assert summary(stored + resumed) == expected, f"killed after byte {cut}"
+
+
+def test_live_unstamped_lines_take_the_read_time_once_the_last_stamp_is_stale(engine: Engine) -> None:
+    now = [1_800_000_000.0]
+    scanner = ProgramLogScanner(engine.program_rules, prefilter=engine.prefilter, read_time=lambda: now[0])
+    scanner.feed(b"2026-11-30 10:00:00,000 - INFO - step 1\n")
+    burst = scanner.feed(b"RuntimeError: No HIP GPUs are available\nok\n")  # same burst: the stamp dates it
+    now[0] += 3600  # an hour of silence, then the crash
+    later = scanner.feed(b"RuntimeError: HIP error: invalid device function\nok\n") + scanner.finish()
+    assert [(f.time_source, f.time) for f in burst] == [("last_stamp", dt.datetime(2026, 11, 30, 10, 0, 0).timestamp())]
+    assert [(f.time_source, f.time) for f in later] == [("read", now[0])]

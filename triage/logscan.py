@@ -25,6 +25,8 @@ Buffer = bytes | bytearray
 
 #: Longest line kept whole; the rest of a longer line is dropped and counted.
 MAX_LINE = 64 * 1024
+#: Live: a stamp read longer ago than this no longer dates the lines after it (seconds).
+STAMP_FRESH = 30.0
 #: Lines before a candidate handed to the assembler as context.
 CONTEXT_LINES = 30
 
@@ -130,6 +132,7 @@ class ProgramLogScanner:
         self.read_time = read_time
         self.stats = ScanStats()
         self.last_stamp: float | None = None
+        self._stamp_read_at: float | None = None  # live: when the last stamp was read
         self._carry = b""
         self._discarding = False  # inside the dropped tail of an over-long line
         self._after_cr = False  # the last call ended on \r: a \n first thing is its pair
@@ -299,10 +302,30 @@ class ProgramLogScanner:
             line = buffer[line_start : _line_end(buffer, line_start, stop)].decode("utf-8", "replace")
             stamp = parse_stamp(line, reference_year=self.reference_year)
             if stamp is not None:
-                self.last_stamp = stamp
-                self.stats.stamps += 1
+                self._saw_stamp(stamp)
                 return
             limit = line_start
+
+    def _saw_stamp(self, stamp: float) -> None:
+        self.last_stamp = stamp
+        self.stats.stamps += 1
+        self._stamp_read_at = self.read_time() if self.read_time is not None else None
+
+    def _unstamped_time(self) -> tuple[float | None, TimeSource]:
+        """The time of a line without a stamp of its own.
+
+        Offline, the last stamp seen. Live, the same while that stamp was read in the
+        same burst (a backlog read at once keeps its own clock); once the log has
+        been quiet for longer, the time the line was read, which is when it was
+        written to within the daemon's polling.
+        """
+        if self.read_time is None:
+            return (self.last_stamp, "last_stamp") if self.last_stamp is not None else (None, "none")
+        now = self.read_time()
+        fresh = self._stamp_read_at is not None and now - self._stamp_read_at <= STAMP_FRESH
+        if self.last_stamp is not None and fresh:
+            return self.last_stamp, "last_stamp"
+        return now, "read"
 
     def _detail(self, raw_bytes: bytes) -> list[ProgramFailure]:
         self.stats.detailed_lines += 1
@@ -313,15 +336,10 @@ class ProgramLogScanner:
         time: float | None
         source: TimeSource
         if stamp is not None:
-            self.last_stamp = stamp
-            self.stats.stamps += 1
+            self._saw_stamp(stamp)
             time, source = stamp, "stamp"
-        elif self.last_stamp is not None:
-            time, source = self.last_stamp, "last_stamp"
-        elif self.read_time is not None:
-            time, source = self.read_time(), "read"
         else:
-            time, source = None, "none"
+            time, source = self._unstamped_time()
         line = ProgramLine(
             text=text,
             raw=raw,
