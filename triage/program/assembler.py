@@ -24,8 +24,10 @@ line with an open block therefore joins that block when it is one of those.
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -741,6 +743,14 @@ def _rejoined(head: ProgramLine, rest: ProgramLine) -> ProgramLine:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _gate_for(rules: tuple[Rule, ...], thread: int) -> Prefilter:
+    """One compiled gate per rule set and thread (a hyperscan scratch serves one thread at
+    a time): a daemon following hundreds of logs builds it once, not per file."""
+    del thread  # part of the cache key only
+    return Prefilter(literal for rule in rules for literal in rule.literals or ())
+
+
 class FailureAssembler:
     """Feeds lines, returns the failures they complete (see the module docstring)."""
 
@@ -753,7 +763,7 @@ class FailureAssembler:
         # (hyperscan where installed) spares the rule-by-rule test on them.
         self._gate: Prefilter | None = None
         if self.rules and all(rule.literals is not None for rule in self.rules):
-            self._gate = Prefilter(literal for rule in self.rules for literal in rule.literals or ())
+            self._gate = _gate_for(tuple(self.rules), threading.get_ident())
         self._streams: dict[StreamKey, _Stream] = {}
         self._open: dict[StreamKey, _Stream] = {}
         self._by_local: dict[int, StreamKey] = {}
