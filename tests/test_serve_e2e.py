@@ -301,3 +301,17 @@ def test_refuses_to_listen_beyond_loopback_without_a_token(tmp_path: Path) -> No
     )
     assert done.returncode == 2
     assert "token" in done.stderr
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "triage", "serve", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path),
+             "--kernel-source", "none", "--watch", str(tmp_path / "*.log")],
+            cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert f"127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr

@@ -112,7 +112,11 @@ def _serve(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     reload_path = path if path is not None else (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None)
-    return Daemon(config, config_path=reload_path, overrides=overrides).run()
+    try:
+        return Daemon(config, config_path=reload_path, overrides=overrides).run()
+    except OSError as error:  # a port in use, an unreadable state directory: say so, no traceback
+        print(f"triage: {error}", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
