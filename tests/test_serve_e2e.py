@@ -315,3 +315,16 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
         )  # fmt: skip
     assert done.returncode == 1
     assert f"127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_only_the_very_first_start_reads_existing_logs_from_their_end(tmp_path: Path) -> None:
+    logs = tmp_path / "d" / "logs"
+    with running_daemon(tmp_path, "--kernel-source", "none") as daemon:
+        time.sleep(0.5)
+        assert daemon.get("/incidents")["incidents"] == []
+    # Stopped with no position to remember (no log yet): a log written while it was down is
+    # not history from before the first start, and is read whole at the next start.
+    (logs / "new.log").write_text(TRACEBACK, encoding="utf-8")
+    with running_daemon(tmp_path, "--kernel-source", "none") as daemon:
+        daemon.wait_for(lambda incidents: len(incidents) == 1)
+        assert "new.log" in json.dumps(daemon.get("/incidents")["incidents"][0]["program_failures"])

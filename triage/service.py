@@ -54,6 +54,7 @@ class Daemon:
         self.config_path = config_path
         self.overrides = overrides or {}
         self.store = Store(Path(config.state.dir) / "triage.db")
+        self._started_marker = Path(config.state.dir) / "started"
         self.batches: queue.Queue[Batch] = queue.Queue(maxsize=1000)
         self.live = LiveCorrelator(horizon=config.correlation.horizon_hours * 3600.0)
         self.pipeline: Pipeline | None = None
@@ -74,7 +75,8 @@ class Daemon:
 
     def _build_pipeline(self, config: Config, engine: Engine) -> Pipeline:
         positions = self.store.positions()
-        first_start = not positions
+        # The very first start on this node reads existing logs from their end; later ones resume.
+        first_start = not positions and not self._started_marker.exists()
         sources: list[Source] = list(
             kernel_sources(
                 config.kernel.source, engine, positions, journal_directory=config.kernel.journal_directory or None
@@ -100,6 +102,7 @@ class Daemon:
             source.start(self.batches.put)
             log.info("source %s started", source.name)
         self.pipeline = pipeline
+        self._started_marker.touch(exist_ok=True)
 
     def _stop_pipeline(self) -> None:
         if self.pipeline is None:
