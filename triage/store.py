@@ -5,6 +5,12 @@ daemon's processing thread) commits each batch whole: the incidents it changed,
 their label changes, the evidence and the positions of the sources that
 produced it. A crash therefore loses nothing and repeats nothing. The schema is
 versioned; `MIGRATIONS[n]` takes version n to n+1.
+
+The outbox (schema 2) holds the alerts to deliver. An alert is queued in the
+same transaction as the incident change it reports, so it is never lost and
+never invented; the delivery worker then drains it with short transactions of
+its own (`due_alerts`, `mark_delivered`, `mark_retry`, `mark_failed`). A row
+marked delivered is never handed out again, across restarts too.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS: list[str] = [
     # 0 -> 1
@@ -61,7 +67,28 @@ MIGRATIONS: list[str] = [
     CREATE INDEX evidence_time ON evidence (stored DESC);
     CREATE TABLE positions (source TEXT PRIMARY KEY, position TEXT NOT NULL, updated REAL NOT NULL);
     """,
+    # 1 -> 2: the alert outbox
+    """
+    CREATE TABLE outbox (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        sink TEXT NOT NULL,
+        incident_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('new', 'update', 'resolved', 'test')),
+        created REAL NOT NULL,
+        due REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'failed')),
+        last_error TEXT,
+        delivered REAL,
+        document TEXT NOT NULL
+    );
+    CREATE INDEX outbox_due ON outbox (state, sink, due);
+    CREATE INDEX outbox_incident ON outbox (incident_id);
+    """,
 ]
+
+ALERT_KINDS = ("new", "update", "resolved", "test")
+OUTBOX_STATES = ("pending", "delivered", "failed")
 
 
 class StoreError(RuntimeError):
@@ -107,6 +134,28 @@ class EvidenceRow:
 
 
 @dataclass(slots=True)
+class OutboxItem:
+    """One alert for one sink: queued by a Commit, read back by the delivery worker.
+
+    To queue, give `sink`, `incident_id`, `kind` and `document` (the incident document as
+    the API returns it, at queue time); `due` defaults to the commit time and `created` is
+    always the commit time. The other fields are the store's and are filled in on reading.
+    """
+
+    sink: str
+    incident_id: str
+    kind: str  # "new", "update", "resolved" or "test"
+    document: dict[str, Any]
+    due: float | None = None  # not before (rate limits, backoff); None: at once
+    created: float | None = None
+    seq: int | None = None
+    attempts: int = 0
+    state: str = "pending"  # "pending", "delivered" or "failed"
+    last_error: str | None = None  # already redacted by whoever wrote it
+    delivered: float | None = None
+
+
+@dataclass(slots=True)
 class Commit:
     """Everything one batch changes, written in one transaction."""
 
@@ -115,6 +164,8 @@ class Commit:
     evidence: list[EvidenceRow] = field(default_factory=list)
     #: source key -> position (None: forget it)
     positions: dict[str, Any] = field(default_factory=dict)
+    #: alerts to queue; an "update" coalesces into a pending "new"/"update" of the same sink and incident
+    alerts: list[OutboxItem] = field(default_factory=list)
 
 
 def default_state_dir() -> Path:
@@ -262,6 +313,8 @@ class Store:
                                                               updated = excluded.updated""",
                         (source, json.dumps(position), now),
                     )
+            for alert in commit.alerts:
+                _queue(db, alert, now)
 
     def retain(self, *, max_age: float | None, max_count: int | None, now: float | None = None) -> int:
         """Delete incidents older than `max_age` seconds or beyond the newest `max_count`
@@ -285,7 +338,87 @@ class Store:
                 db.execute("DELETE FROM incidents WHERE id = ?", (incident_id,))
                 db.execute("DELETE FROM evidence WHERE incident_id = ?", (incident_id,))
                 db.execute("DELETE FROM incident_changes WHERE incident_id = ?", (incident_id,))
+                # Pending alerts stay: the worker still owes them (a resolve, say).
+                db.execute("DELETE FROM outbox WHERE incident_id = ? AND state != 'pending'", (incident_id,))
             return len(doomed)
+
+    # -- outbox (the delivery worker's side; each call its own short transaction) --
+
+    def due_alerts(self, sink: str, now: float, limit: int = 100) -> list[OutboxItem]:
+        """Pending alerts of `sink` due by `now`, oldest first. An alert waits while an older
+        pending one of the same sink and incident exists (in backoff, say), so a receiver
+        never sees an incident's update or resolve before its first message."""
+        rows = self.db.execute(
+            """SELECT * FROM outbox AS o
+               WHERE o.state = 'pending' AND o.sink = ? AND o.due <= ?
+                 AND NOT EXISTS (SELECT 1 FROM outbox AS older
+                                 WHERE older.incident_id = o.incident_id AND older.sink = o.sink
+                                   AND older.state = 'pending' AND older.seq < o.seq)
+               ORDER BY o.seq LIMIT ?""",
+            (sink, now, limit),
+        ).fetchall()
+        return [_outbox_item(row) for row in rows]
+
+    def mark_delivered(self, seq: int, at: float, *, sent: dict[str, Any] | None = None) -> None:
+        """The receiver acknowledged alert `seq`. With `sent` (the document that went out):
+        when an update coalesced into the row while it was in flight, the newer document is
+        queued again as an "update" instead of being lost."""
+        with self._write_lock, self._transaction() as db:
+            row = db.execute("SELECT * FROM outbox WHERE seq = ?", (seq,)).fetchone()
+            if row is None or row["state"] != "pending":
+                return
+            went = _json(sent) if sent is not None else row["document"]
+            db.execute(
+                "UPDATE outbox SET state = 'delivered', delivered = ?, document = ? WHERE seq = ?", (at, went, seq)
+            )
+            if went != row["document"]:
+                db.execute(
+                    """INSERT INTO outbox (sink, incident_id, kind, created, due, state, document)
+                       VALUES (?, ?, 'update', ?, ?, 'pending', ?)""",
+                    (row["sink"], row["incident_id"], at, at, row["document"]),
+                )
+
+    def mark_retry(self, seq: int, due: float, error: str) -> None:
+        """Delivery failed for now: try again not before `due`. `error` must be redacted."""
+        with self._write_lock, self._transaction() as db:
+            db.execute(
+                """UPDATE outbox SET attempts = attempts + 1, due = ?, last_error = ?
+                   WHERE seq = ? AND state = 'pending'""",
+                (due, error, seq),
+            )
+
+    def mark_failed(self, seq: int, error: str) -> None:
+        """Delivery failed for good (404, bad signature, invalid payload). `error` must be redacted."""
+        with self._write_lock, self._transaction() as db:
+            db.execute(
+                """UPDATE outbox SET attempts = attempts + 1, state = 'failed', last_error = ?
+                   WHERE seq = ? AND state = 'pending'""",
+                (error, seq),
+            )
+
+    def outbox_counts(self) -> dict[tuple[str, str], int]:
+        """(sink, state) -> rows, for /metrics and /healthz."""
+        return {
+            (row["sink"], row["state"]): row["n"]
+            for row in self.db.execute("SELECT sink, state, count(*) AS n FROM outbox GROUP BY sink, state")
+        }
+
+    def last_delivered(self, sink: str, incident_id: str) -> float | None:
+        """When `sink` last acknowledged an alert about the incident (to rate limit updates)."""
+        row = self.db.execute(
+            "SELECT max(delivered) FROM outbox WHERE sink = ? AND incident_id = ? AND state = 'delivered'",
+            (sink, incident_id),
+        ).fetchone()
+        value = row[0]
+        return float(value) if value is not None else None
+
+    def alerts(self, *, sink: str | None = None, incident_id: str | None = None) -> list[OutboxItem]:
+        """Every outbox row (optionally of one sink or incident), oldest first."""
+        where, params = _where(
+            ("sink = ?", (sink,) if sink is not None else None),
+            ("incident_id = ?", (incident_id,) if incident_id is not None else None),
+        )
+        return [_outbox_item(row) for row in self.db.execute(f"SELECT * FROM outbox {where} ORDER BY seq", params)]
 
     # -- reads ---------------------------------------------------------------
 
@@ -365,6 +498,48 @@ def _where(*conditions: tuple[str, tuple[object, ...] | None]) -> tuple[str, lis
     used = [(clause, params) for clause, params in conditions if params is not None]
     where = f"WHERE {' AND '.join(clause for clause, _ in used)}" if used else ""
     return where, [value for _, params in used for value in params]
+
+
+def _json(document: dict[str, Any]) -> str:
+    return json.dumps(document, separators=(",", ":"))
+
+
+def _queue(db: sqlite3.Connection, alert: OutboxItem, now: float) -> None:
+    """Insert one alert, or fold an update into the pending message about the same incident."""
+    if alert.kind not in ALERT_KINDS:
+        raise ValueError(f"unknown alert kind {alert.kind!r}")
+    document = _json(alert.document)
+    if alert.kind == "update":
+        replaced = db.execute(
+            """UPDATE outbox SET document = ?
+               WHERE seq = (SELECT seq FROM outbox
+                            WHERE sink = ? AND incident_id = ? AND state = 'pending' AND kind IN ('new', 'update')
+                            ORDER BY seq DESC LIMIT 1)""",
+            (document, alert.sink, alert.incident_id),
+        )
+        if replaced.rowcount:
+            return
+    db.execute(
+        """INSERT INTO outbox (sink, incident_id, kind, created, due, state, document)
+           VALUES (?, ?, ?, ?, ?, 'pending', ?)""",
+        (alert.sink, alert.incident_id, alert.kind, now, now if alert.due is None else alert.due, document),
+    )
+
+
+def _outbox_item(row: sqlite3.Row) -> OutboxItem:
+    return OutboxItem(
+        sink=row["sink"],
+        incident_id=row["incident_id"],
+        kind=row["kind"],
+        document=json.loads(row["document"]),
+        due=row["due"],
+        created=row["created"],
+        seq=row["seq"],
+        attempts=row["attempts"],
+        state=row["state"],
+        last_error=row["last_error"],
+        delivered=row["delivered"],
+    )
 
 
 def _statements(script: str) -> Iterable[str]:
