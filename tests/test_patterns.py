@@ -461,42 +461,32 @@ def test_catastrophic_user_regex_times_out() -> None:
     assert rule.search("aaaa") is not None
 
 
-def test_patterns_check_cli_fails_on_a_bad_directory(tmp_path: Path) -> None:
-    path = _write(tmp_path, "user.toml", _toml_rule("user.bad", regex="'(unclosed'"))
-    result = subprocess.run(
-        [sys.executable, "-m", "triage", "patterns", "check", str(tmp_path)],
+def _patterns_check(directory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "triage", "patterns", "check", str(directory)],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=120,
         check=False,
     )
+
+
+def test_patterns_check_cli_fails_on_a_bad_directory(tmp_path: Path) -> None:
+    path = _write(tmp_path, "user.toml", _toml_rule("user.bad", regex="'(unclosed'"))
+    result = _patterns_check(tmp_path)
     assert result.returncode == 1, result
     assert str(path) in result.stderr and "user.bad" in result.stderr
 
 
 def test_patterns_check_cli_reports_a_failing_example(tmp_path: Path) -> None:
     path = _write(tmp_path, "user.toml", _toml_rule("user.wrong", match="['nothing to see']"))
-    result = subprocess.run(
-        [sys.executable, "-m", "triage", "patterns", "check", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
+    result = _patterns_check(tmp_path)
     assert result.returncode == 1, result
     assert str(path) in result.stderr and "user.wrong" in result.stderr
 
 
 def test_patterns_check_cli_accepts_the_shipped_catalog() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "triage", "patterns", "check", str(PATTERNS)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
+    result = _patterns_check(PATTERNS)
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip().endswith("ok")
