@@ -188,8 +188,8 @@ def test_the_token_is_never_quoted() -> None:
     [
         ('[server]\nlisen = "x"', "unknown key server.lisen in [server] (known: base_url, listen, token)"),
         ('[server]\nlisen = "x"\nfoo = 1', "unknown keys server.foo, server.lisen in [server]"),
-        ('listen = "127.0.0.1:1"', "unknown key listen in the top level (known: correlation, kernel, log_level"),
-        ("[alerts]\nurl = 1", "unknown key alerts in the top level"),
+        ('listen = "127.0.0.1:1"', "unknown key listen in the top level (known: alerts, correlation, kernel"),
+        ("[alerts]\nurl = 1", "unknown key alerts.url in [alerts]"),
         ("[logs.extra]\nx = 1", "unknown key logs.extra in [logs]"),
     ],
 )
@@ -325,5 +325,171 @@ def test_shipped_example_shows_every_key() -> None:
         section = getattr(Config(), item.name)
         assert item.name in by_section, item.name
         for key in dataclasses.fields(section):
-            assert re.search(rf"^#? ?{key.name} = ", by_section[item.name], re.M), f"{item.name}.{key.name}"
-            assert "\n# " in by_section[item.name]  # and it is explained
+            text = by_section[item.name]
+            if "tables" in key.metadata:  # an array of tables: a commented [[section.key]] example
+                assert f"# [[{item.name}.{key.name}]]" in text, f"{item.name}.{key.name}"
+                for sub in dataclasses.fields(key.metadata["tables"]):
+                    assert re.search(rf"^# {sub.name} = ", text, re.M), f"{item.name}.{key.name}.{sub.name}"
+                    assert re.search(rf"`{sub.name}`", text), f"{item.name}.{key.name}.{sub.name} explained"
+                continue
+            assert re.search(rf"^#? ?{key.name} = ", text, re.M), f"{item.name}.{key.name}"
+            assert "\n# " in text  # and it is explained
+
+
+# -- [alerts] ---------------------------------------------------------------------------
+
+SLACK = "https://hooks.slack.com/services/T000/B000/TOKENSLACK123"
+SINK = f'[[alerts.sinks]]\nname = "chat"\nkind = "slack"\nurl = "{SLACK}"\n'
+
+
+def test_alerts_defaults() -> None:
+    alerts = Config().alerts
+    assert alerts.base_url == "" and Config().alerts_base_url == Config().server.url == "http://127.0.0.1:8750"
+    assert alerts.node == config_module.socket.gethostname()
+    assert (alerts.labels, alerts.job_from_path, alerts.sinks) == ((), "", ())
+    assert (alerts.digest_window, alerts.update_interval, alerts.alertmanager_repeat) == (10.0, 60.0, 60.0)
+    assert parse_config("[alerts]\n") == Config()
+
+
+def test_alerts_values_are_read() -> None:
+    config = parse_config(
+        '[alerts]\nbase_url = "https://triage.example/"\nnode = "n17"\n'
+        'labels = { cluster = "east", rack = "r12" }\njob_from_path = "/shared/logs/{job}/rank{rank}.log"\n'
+        "digest_window = 5\nupdate_interval = 30\nalertmanager_repeat = 45\n"
+        + SINK
+        + 'min_level = "driver"\ncategories = ["gpu_hang"]\nexclude_categories = ["nan_loss"]\n'
+        + '[[alerts.sinks]]\nname = "lark"\nkind = "feishu"\nurl = "https://open.feishu.cn/hook/abc"\nsecret = "s"\n'
+        + '[[alerts.sinks]]\nname = "am"\nkind = "alertmanager"\nurls = ["http://am0:9093", "http://am1:9093"]\n'
+    )
+    alerts = config.alerts
+    assert config.alerts_base_url == "https://triage.example"
+    assert (alerts.node, dict(alerts.labels)) == ("n17", {"cluster": "east", "rack": "r12"})
+    assert (alerts.digest_window, alerts.update_interval, alerts.alertmanager_repeat) == (5.0, 30.0, 45.0)
+    chat, lark, am = alerts.sinks
+    assert (chat.name, chat.kind, chat.targets, chat.min_level) == ("chat", "slack", (SLACK,), "driver")
+    assert (chat.categories, chat.exclude_categories, chat.per_minute) == (("gpu_hang",), ("nan_loss",), 60.0)
+    assert (lark.secret, lark.per_minute, lark.min_level, lark.categories) == ("s", 300.0, "code", ())
+    assert am.targets == ("http://am0:9093", "http://am1:9093") and am.per_minute == 60.0
+    assert alerts.sink("am") is am and alerts.sink("nope") is None
+
+
+@pytest.mark.parametrize(("kind", "rate"), [("slack", 60), ("feishu", 300), ("dingtalk", 20), ("wecom", 20),
+                                            ("discord", 30), ("teams", 60), ("generic", 60)])  # fmt: skip
+def test_rate_per_minute_defaults_per_kind(kind: str, rate: float) -> None:
+    sink = parse_config(f'[[alerts.sinks]]\nname = "s"\nkind = "{kind}"\nurl = "https://h/x"\n').alerts.sinks[0]
+    assert sink.per_minute == rate
+    set_rate = parse_config(
+        f'[[alerts.sinks]]\nname = "s"\nkind = "{kind}"\nurl = "https://h/x"\nrate_per_minute = 7\n'
+    )
+    assert set_rate.alerts.sinks[0].per_minute == 7.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[alerts]\ndigest_window = 0", "alerts.digest_window: expected a positive number, got 0 (integer)"),
+        ('[alerts]\nupdate_interval = "1m"', 'alerts.update_interval: expected a positive number, got "1m"'),
+        ("[alerts]\nalertmanager_repeat = -1", "alerts.alertmanager_repeat: expected a positive number"),
+        ('[alerts]\nbase_url = "ftp://x"', 'alerts.base_url: expected an http:// or https:// URL, got "ftp://x"'),
+        ('[alerts]\nnode = ""', "alerts.node: expected a name"),
+        ('[alerts]\nlabels = { "9rack" = "a" }', 'alerts.labels: label name "9rack" is not [a-zA-Z_][a-zA-Z0-9_]*'),
+        ('[alerts]\nlabels = { "rack-no" = "a" }', 'alerts.labels: label name "rack-no" is not'),
+        ("[alerts]\nlabels = { rack = 12 }", "alerts.labels: label rack: expected a string, got 12 (integer)"),
+        ('[alerts]\nlabels = { node = "x" }', 'alerts.labels: label "node" is set by triage itself'),
+        ('[alerts]\nlabels = "rack=1"', 'alerts.labels: expected a table of string labels, got "rack=1"'),
+        ('[alerts]\njob_from_path = "/logs/{rank}.log"', "alerts.job_from_path: expected a path template with {job}"),
+        ('[alerts]\njob_from_path = "/logs/{job:>3}.log"', "alerts.job_from_path: {job:>3} is not a {name} field"),
+        ('[alerts]\njob_from_path = "/logs/{job"', "alerts.job_from_path: "),
+        ("[alerts]\nsinks = 1", "alerts.sinks: expected an array of tables [[alerts.sinks]], got 1 (integer)"),
+        ("[alerts.sinks]\nname = 1", "alerts.sinks: expected an array of tables [[alerts.sinks]]"),
+        (SINK.replace('"slack"', '"slak"'), "alerts.sinks[0].kind: expected one of slack, mattermost, discord, teams"),
+        (SINK.replace('"slack"', '"slak"'), 'alertmanager, got "slak"'),
+        (SINK + SINK.replace('"chat"', '"x"').replace('"slack"', '"slak"'), "alerts.sinks[1].kind: expected"),
+        (SINK.replace('name = "chat"\n', ""), "alerts.sinks[0].name: required"),
+        (SINK.replace('kind = "slack"\n', ""), "alerts.sinks[0].kind: required"),
+        (SINK.replace(f'url = "{SLACK}"\n', ""), "alerts.sinks[0].url: required"),
+        (SINK.replace('"chat"', '"on call"'), "alerts.sinks[0].name: expected a name of letters, digits"),
+        (SINK + 'min_level = "warn"', 'alerts.sinks[0].min_level: expected one of code, driver, got "warn"'),
+        (SINK + 'categories = ["gpu_hung"]', 'alerts.sinks[0].categories: unknown category "gpu_hung"'),
+        (SINK + 'exclude_categories = "oom"', "alerts.sinks[0].exclude_categories: expected an array"),
+        (SINK + "rate_per_minute = 0", "alerts.sinks[0].rate_per_minute: expected a positive number"),
+        (SINK + "secret = 5", "alerts.sinks[0].secret: expected a string (the value is not shown)"),
+        (SINK + 'urls = ["https://a/b"]', "alerts.sinks[0].urls: set url or urls, not both"),
+        (
+            SINK.replace(f'url = "{SLACK}"', 'urls = ["https://a/b"]'),
+            "alerts.sinks[0].urls: a list of URLs is for kind alertmanager only (this sink is slack); use url",
+        ),
+        (
+            '[[alerts.sinks]]\nname = "am"\nkind = "alertmanager"\n',
+            "alerts.sinks[0].url: required (or urls = [...])",
+        ),
+        (
+            '[[alerts.sinks]]\nname = "am"\nkind = "alertmanager"\nurls = []',
+            "alerts.sinks[0].urls: expected a non-empty",
+        ),
+        (SINK + SINK, 'alerts.sinks[1].name: duplicate sink name "chat" (also sinks[0])'),
+    ],
+)
+def test_bad_alert_values_name_the_key_path(text: str, expected: str) -> None:
+    message = error_of(text)
+    assert message.startswith("triage.toml: ")
+    assert expected in message
+
+
+def test_unknown_keys_in_a_sink_are_errors() -> None:
+    message = error_of(SINK + 'webhook = "x"\nchanel = "y"')
+    assert "unknown keys alerts.sinks[0].chanel, alerts.sinks[0].webhook in [alerts.sinks[0]]" in message
+    assert (
+        "(known: categories, exclude_categories, kind, min_level, name, rate_per_minute, secret, url, urls)" in message
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        SINK.replace("https://", "gopher://"),
+        SINK.replace("https://", "https:// "),
+        SINK.replace(f'url = "{SLACK}"', f'urls = ["{SLACK}"]').replace('"slack"', '"alertmanager"')
+        + "[[alerts.sinks]]\nname = 'b'\nkind = 'alertmanager'\n"
+        + 'urls = ["http://am/?token=TOKENSLACK123", "ftp://am/TOKENSLACK123"]',
+        SINK + 'secret = "TOKENSLACK123 has a space"\nmin_level = 3',
+        SINK + SINK.replace(SLACK, SLACK + "?key=TOKENSLACK123"),
+    ],
+)
+def test_webhook_tokens_and_secrets_never_appear_in_errors(text: str) -> None:
+    message = error_of(text)
+    assert "TOKENSLACK123" not in message
+    assert "alerts.sinks[" in message
+
+
+def test_bad_url_is_shown_redacted() -> None:
+    message = error_of(SINK.replace("https://", "gopher://"))
+    assert message == (
+        'triage.toml: alerts.sinks[0].url: expected an http:// or https:// URL, got "gopher://hooks.slack.com/services/T0***"'
+    )
+
+
+def test_secrets_and_urls_never_appear_in_repr() -> None:
+    config = parse_config(
+        SINK
+        + 'secret = "SECRETVALUE"\n[[alerts.sinks]]\nname = "am"\nkind = "alertmanager"\n'
+        + 'urls = ["http://u:PASSWORD@am0:9093/TOKENPATHPART", "http://am1:9093/?access_token=QUERYTOKEN"]\n'
+    )
+    for text in (repr(config), str(config), repr(config.alerts), repr(config.alerts.sinks)):
+        for secret in ("SECRETVALUE", "TOKENSLACK123", "PASSWORD", "TOKENPATHPART", "QUERYTOKEN"):
+            assert secret not in text, secret
+    assert "secret='***'" in repr(config.alerts.sinks[0])
+    assert "hooks.slack.com" in repr(config) and "am1:9093" in repr(config)  # redacted, not hidden
+
+
+def test_the_sinks_example_of_the_shipped_file_loads_when_uncommented() -> None:
+    text = SHIPPED.read_text(encoding="utf-8")
+    example = text[text.index("# [[alerts.sinks]]") :]
+    uncommented = "\n".join(line.removeprefix("# ").removeprefix("#") for line in example.splitlines())
+    config = parse_config(text + "\n" + uncommented)
+    assert [(sink.name, sink.kind, len(sink.targets)) for sink in config.alerts.sinks] == [
+        ("oncall-slack", "slack", 1),
+        ("infra-feishu", "feishu", 1),
+        ("alertmanager", "alertmanager", 2),
+    ]
+    assert config.alerts.sinks[1].secret

@@ -16,19 +16,27 @@ import json
 import math
 import re
 import socket
+import string
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .alerts.formats import BUILDERS, redact
 from .store import default_state_dir
+from .taxonomy import CATEGORIES
 
 DEFAULT_CONFIG_PATH = Path("/etc/triage/triage.toml")
 DEFAULT_LISTEN = "127.0.0.1:8750"
 DEFAULT_PATTERNS_DIR = "/etc/triage/patterns"
 KERNEL_SOURCES = ("auto", "kmsg", "journal", "both", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: Messages a minute a sink may send when `rate_per_minute` is not set (the platforms' own limits).
+DEFAULT_RATE_PER_MINUTE = {"slack": 60.0, "feishu": 300.0, "dingtalk": 20.0, "wecom": 20.0, "discord": 30.0}
+OTHER_RATE_PER_MINUTE = 60.0
+#: Labels every alert carries already (Alertmanager's stable set): a static label may not shadow them.
+RESERVED_LABELS = ("alertname", "node", "level", "category", "device", "fingerprint", "job")
 
 
 class ConfigError(ValueError):
@@ -149,12 +157,121 @@ def _base_url(value: Any) -> str:
     return text.rstrip("/")
 
 
-def _setting(default: Any, parse: Parse, *, factory: Callable[[], Any] | None = None, repr: bool = True) -> Any:
+def _webhook_url(value: Any) -> str:
+    # A webhook URL carries its token: a message shows it redacted, never whole.
+    if not isinstance(value, str):
+        raise _Bad(f"expected an http:// or https:// URL, got {_show(value)}")
+    if not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", value):
+        raise _Bad(f"expected an http:// or https:// URL, got {json.dumps(redact(value))}")
+    return value
+
+
+def _webhook_urls(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        shown = "a table" if isinstance(value, dict) else _show(value) if not isinstance(value, str) else "a string"
+        raise _Bad(f"expected a non-empty array of http:// or https:// URLs, got {shown}")
+    for index, item in enumerate(value):
+        try:
+            _webhook_url(item)
+        except _Bad as error:
+            raise _Bad(f"item {index}: {error}") from None
+    return tuple(value)
+
+
+def _secret(value: Any) -> str:
+    # Never quote the secret in a message.
+    if not isinstance(value, str):
+        raise _Bad("expected a string (the value is not shown)")
+    return value
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+        raise _Bad(f"expected a name of letters, digits, '_', '.' and '-', got {_show(value)}")
+    return value
+
+
+def _categories(value: Any) -> tuple[str, ...]:
+    slugs = _string_list(value)
+    unknown = [slug for slug in slugs if slug not in CATEGORIES]
+    if unknown:
+        plural = "ies" if len(unknown) > 1 else "y"
+        raise _Bad(f"unknown categor{plural} {', '.join(map(json.dumps, unknown))} (see TAXONOMY.md)")
+    return slugs
+
+
+def _labels(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise _Bad(f"expected a table of string labels, got {_show(value)}")
+    for name, text in value.items():
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name):
+            raise _Bad(f"label name {json.dumps(name)} is not [a-zA-Z_][a-zA-Z0-9_]*")
+        if name in RESERVED_LABELS:
+            raise _Bad(f"label {json.dumps(name)} is set by triage itself (reserved: {', '.join(RESERVED_LABELS)})")
+        if not isinstance(text, str):
+            raise _Bad(f"label {name}: expected a string, got {_show(text)}")
+    return tuple(sorted(value.items()))
+
+
+def template_fields(template: str) -> tuple[str, ...]:
+    """The `{name}` fields of a path template, in order; ValueError when it is malformed."""
+    names: list[str] = []
+    for _, name, spec, conversion in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or spec or conversion:
+            shown = name + ("!" + conversion if conversion else "") + (":" + spec if spec else "")
+            raise ValueError(f"{{{shown}}} is not a {{name}} field")
+        names.append(name)
+    return tuple(names)
+
+
+def _job_template(value: Any) -> str:
+    text = _string(value)
+    if not text:
+        return text
+    try:
+        names = template_fields(text)
+    except ValueError as error:
+        raise _Bad(f"{error} in {_show(value)}") from None
+    if "job" not in names:
+        raise _Bad(
+            f'expected a path template with {{job}}, like "/shared/logs/{{job}}/rank{{rank}}.log", got {_show(value)}'
+        )
+    return text
+
+
+def _optional_rate(value: Any) -> float | None:
+    return _positive_number(value)
+
+
+def _setting(
+    default: Any,
+    parse: Parse,
+    *,
+    factory: Callable[[], Any] | None = None,
+    repr: bool = True,
+    required: bool = False,
+) -> Any:
     """A dataclass field that carries its parser: the schema is the dataclasses themselves."""
-    metadata = {"parse": parse}
+    metadata: dict[str, Any] = {"parse": parse, "required": required}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata, repr=repr)
     return field(default=default, metadata=metadata, repr=repr)
+
+
+def _tables(kind: type) -> Any:
+    """A field that is an array of tables (`[[section.name]]`), each one a `kind` dataclass."""
+    return field(default_factory=tuple, metadata={"tables": kind})
+
+
+class _Invalid(Exception):
+    """What a `check()` of a built table finds wrong across its keys: the key (relative) and why."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
 
 
 # -- the schema -----------------------------------------------------------------
@@ -217,6 +334,82 @@ class CorrelationConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SinkConfig:
+    """One `[[alerts.sinks]]`: where alerts go, in which platform's shape, and which ones."""
+
+    name: str = _setting("", _name, required=True)
+    kind: str = _setting("", _choice(*BUILDERS), required=True)
+    #: The webhook (or Alertmanager) URL: it carries a token, so repr and messages redact it.
+    url: str = _setting("", _webhook_url, repr=False)
+    #: Alertmanager only: every instance of a cluster, each posted to (never through a balancer).
+    urls: tuple[str, ...] = _setting((), _webhook_urls, repr=False)
+    secret: str = _setting("", _secret, repr=False)
+    min_level: str = _setting("code", _choice("code", "driver"))
+    categories: tuple[str, ...] = _setting((), _categories)
+    exclude_categories: tuple[str, ...] = _setting((), _categories)
+    rate_per_minute: float | None = _setting(None, _optional_rate)
+
+    def check(self) -> None:
+        """What one key cannot tell: a URL is set, and a list of URLs only for Alertmanager."""
+        if self.url and self.urls:
+            raise _Invalid("urls", "set url or urls, not both")
+        if self.urls and self.kind != "alertmanager":
+            raise _Invalid("urls", f"a list of URLs is for kind alertmanager only (this sink is {self.kind}); use url")
+        if not self.url and not self.urls:
+            raise _Invalid("url", "required" + (" (or urls = [...])" if self.kind == "alertmanager" else ""))
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The URLs to post each alert to."""
+        return self.urls or (self.url,)
+
+    @property
+    def per_minute(self) -> float:
+        """Messages a minute this sink may send: `rate_per_minute`, else the platform's default."""
+        if self.rate_per_minute is not None:
+            return self.rate_per_minute
+        return DEFAULT_RATE_PER_MINUTE.get(self.kind, OTHER_RATE_PER_MINUTE)
+
+    def __repr__(self) -> str:
+        return (
+            f"SinkConfig(name={self.name!r}, kind={self.kind!r}, "
+            f"targets={tuple(redact(url) for url in self.targets if url)!r}, "
+            f"secret={'***' if self.secret else ''!r}, min_level={self.min_level!r}, "
+            f"categories={self.categories!r}, exclude_categories={self.exclude_categories!r}, "
+            f"rate_per_minute={self.rate_per_minute!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsConfig:
+    #: Where links to incidents point; "" = the daemon's own address (server.url).
+    base_url: str = _setting("", _base_url)
+    #: The node name alerts carry; default this host's name.
+    node: str = _setting(None, _name, factory=socket.gethostname)
+    #: Static labels every alert carries (cluster, rack), as sorted (name, value) pairs.
+    labels: tuple[tuple[str, str], ...] = _setting((), _labels)
+    #: Path template whose fields (`{job}`, `{rank}`) are read from a failing log's path; "" = none.
+    job_from_path: str = _setting("", _job_template)
+    digest_window: float = _setting(10.0, _positive_number)
+    update_interval: float = _setting(60.0, _positive_number)
+    alertmanager_repeat: float = _setting(60.0, _positive_number)
+    sinks: tuple[SinkConfig, ...] = _tables(SinkConfig)
+
+    def check(self) -> None:
+        seen: dict[str, int] = {}
+        for index, sink in enumerate(self.sinks):
+            if sink.name in seen:
+                raise _Invalid(
+                    f"sinks[{index}].name",
+                    f"duplicate sink name {json.dumps(sink.name)} (also sinks[{seen[sink.name]}])",
+                )
+            seen[sink.name] = index
+
+    def sink(self, name: str) -> SinkConfig | None:
+        return next((sink for sink in self.sinks if sink.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything `triage serve` can be told. Sections are dataclasses; scalars carry a parser."""
 
@@ -226,7 +419,13 @@ class Config:
     logs: LogsConfig = field(default_factory=LogsConfig)
     patterns: PatternsConfig = field(default_factory=PatternsConfig)
     correlation: CorrelationConfig = field(default_factory=CorrelationConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
     log_level: str = _setting("info", _choice(*LOG_LEVELS))
+
+    @property
+    def alerts_base_url(self) -> str:
+        """Where alert links point: alerts.base_url, else the daemon's own address."""
+        return self.alerts.base_url or self.server.url
 
 
 # -- loading --------------------------------------------------------------------
@@ -234,7 +433,7 @@ class Config:
 
 def _section_type(item: dataclasses.Field[Any]) -> type | None:
     """The dataclass of a section field of Config, or None for a top-level scalar."""
-    if "parse" in item.metadata:
+    if "parse" in item.metadata or "tables" in item.metadata:
         return None
     factory = item.default_factory
     return factory if isinstance(factory, type) and dataclasses.is_dataclass(factory) else None
@@ -252,6 +451,13 @@ def _build(kind: type, table: dict[str, Any], prefix: str) -> Any:
     values: dict[str, Any] = {}
     for name, raw in table.items():
         item = fields[name]
+        if "tables" in item.metadata:
+            if not isinstance(raw, list) or not all(isinstance(entry, dict) for entry in raw):
+                raise _KeyError(prefix + name, f"expected an array of tables [[{prefix + name}]], got {_show(raw)}")
+            values[name] = tuple(
+                _build(item.metadata["tables"], entry, f"{prefix}{name}[{i}].") for i, entry in enumerate(raw)
+            )
+            continue
         section = _section_type(item)
         if section is not None:
             if not isinstance(raw, dict):
@@ -262,7 +468,17 @@ def _build(kind: type, table: dict[str, Any], prefix: str) -> Any:
             values[name] = item.metadata["parse"](raw)
         except _Bad as error:
             raise _KeyError(prefix + name, str(error)) from None
-    return kind(**values)
+    missing = [item.name for item in fields.values() if item.metadata.get("required") and item.name not in table]
+    if missing:
+        raise _KeyError(prefix + missing[0], "required")
+    built = kind(**values)
+    check = getattr(built, "check", None)
+    if check is not None:
+        try:
+            check()
+        except _Invalid as error:
+            raise _KeyError(prefix + error.key, error.message) from None
+    return built
 
 
 class _KeyError(Exception):
