@@ -116,3 +116,28 @@ def test_labels_for_does_not_change_the_config() -> None:
     cfg = config()
     labels_for(HANG, cfg)["cluster"] = "changed"
     assert dict(cfg.alerts.labels)["cluster"] == "a100-east"
+
+
+def test_alerts_for_new_update_rate_limit_and_filters() -> None:
+    from triage.alerts.routing import alerts_for
+    from triage.config import parse_config
+    from triage.store import StoredIncident
+
+    config = parse_config(
+        '[[alerts.sinks]]\nname = "all"\nkind = "slack"\nurl = "https://hooks.slack.com/services/T0/B0/x"\n'
+        '[[alerts.sinks]]\nname = "oncall"\nkind = "generic"\nurl = "http://127.0.0.1:9/x"\nmin_level = "driver"\n',
+        "t.toml",
+    )
+
+    def stored(level: str, created: float, updated: float, merged: str | None = None) -> StoredIncident:
+        document = {"id": "inc-1", "level": level, "category": "oom" if level == "code" else "gpu_reset"}
+        return StoredIncident("inc-1", level, document["category"], "fp", 1.0, 2.0, created, updated, document, merged)
+
+    first = alerts_for([stored("code", 10, 10)], config.alerts, now=10, last_delivered=lambda s, i: None)
+    assert [(a.sink, a.kind, a.due) for a in first] == [("all", "new", 10)]
+    relabelled = alerts_for([stored("driver", 10, 20)], config.alerts, now=20, last_delivered=lambda s, i: 15.0)
+    assert [(a.sink, a.kind, a.due) for a in relabelled] == [("all", "update", 75.0), ("oncall", "update", 75.0)]
+    assert (
+        alerts_for([stored("driver", 10, 30, merged="inc-0")], config.alerts, now=30, last_delivered=lambda s, i: None)
+        == []
+    )

@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 
 from . import __version__
+from .alerts.routing import alerts_for
 from .api import create_app
 from .config import Config, ConfigError, load_config, validate
 from .engine import Engine
@@ -131,6 +132,15 @@ class Daemon:
         try:
             commit = self.live.add(batch.events, batch.failures)
             commit.positions.update(batch.positions)
+            if self.config.alerts.sinks:  # queued in the same transaction as the change they report
+                commit.alerts.extend(
+                    alerts_for(
+                        commit.incidents,
+                        self.config.alerts,
+                        now=time.time(),
+                        last_delivered=self.store.last_delivered,
+                    )
+                )
             self.store.commit(commit)
             self._processed += 1
             for incident in commit.incidents:

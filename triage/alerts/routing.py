@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..config import AlertsConfig, Config, SinkConfig, template_fields
+from ..store import OutboxItem, StoredIncident
 
 #: What one `{name}` field matches: a non-empty run inside one path component.
 _FIELD = r"[^/]+?"
@@ -87,3 +88,36 @@ def labels_for(document: Mapping[str, Any], config: Config | AlertsConfig) -> di
                 labels["job"] = fields["job"]
                 break
     return labels
+
+
+def alerts_for(
+    incidents: Sequence[StoredIncident],
+    alerts: AlertsConfig,
+    *,
+    now: float,
+    last_delivered: Callable[[str, str], float | None],
+) -> list[OutboxItem]:
+    """The outbox rows a batch's incident changes call for, one per interested sink.
+
+    A first appearance is a `new` alert; growth or a new label is an `update`, due no
+    sooner than `update_interval` after the last message for that incident on that sink
+    (and the store folds updates still waiting into one), so a growing incident never
+    floods a channel. Merged-away incidents say nothing of their own.
+    """
+    rows: list[OutboxItem] = []
+    for incident in incidents:
+        if incident.merged_into:
+            continue
+        kind = "new" if incident.created == incident.updated else "update"
+        for sink in alerts.sinks:
+            if not sink_wants(sink, incident.document):
+                continue
+            due = now
+            if kind == "update":
+                previous = last_delivered(sink.name, incident.id)
+                if previous is not None:
+                    due = max(now, previous + alerts.update_interval)
+            rows.append(
+                OutboxItem(sink=sink.name, incident_id=incident.id, kind=kind, document=incident.document, due=due)
+            )
+    return rows
