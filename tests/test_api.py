@@ -600,3 +600,27 @@ def test_token_documented_in_openapi(guarded: str, caplog: pytest.LogCaptureFixt
     spec = fetch(guarded, "/openapi.json", token=TOKEN).json()
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert TOKEN not in json.dumps(spec)
+
+
+def test_alert_delivery_is_reported_in_healthz_and_metrics_without_failing_health(tmp_path: Path) -> None:
+    from triage.store import Commit, OutboxItem
+
+    store = Store(tmp_path / "triage.db")
+    store.commit(
+        Commit(
+            alerts=[
+                OutboxItem(sink="chat", incident_id="inc-1", kind="new", document={"id": "inc-1"}),
+                OutboxItem(sink="chat", incident_id="inc-2", kind="new", document={"id": "inc-2"}),
+            ]
+        )
+    )
+    failed = store.due_alerts("chat", time.time() + 1)[0]
+    store.mark_failed(failed.seq or 0, "404 from https://hooks.example/***")
+    app = create_app(store, health=lambda: [], token=None, version=VERSION)
+    with serving(app) as base:
+        health = fetch(base, "/healthz")
+        assert health.status == 200
+        assert health.json()["alerts"] == {"chat": {"failed": 1, "pending": 1}}
+        metrics = fetch(base, "/metrics").text
+    assert 'triage_alerts{sink="chat",state="failed"} 1' in metrics
+    assert 'triage_alerts{sink="chat",state="pending"} 1' in metrics

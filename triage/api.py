@@ -153,8 +153,14 @@ class _Family:
             yield f"{self.name}{{{inside}}} {_number(value)}" if inside else f"{self.name} {_number(value)}"
 
 
-def format_metrics(counts: dict[tuple[str, str], int], sources: Sequence[SourceHealth], version: str) -> str:
-    """Prometheus text exposition 0.0.4: incidents by label (every category, 0 where none) and source counters."""
+def format_metrics(
+    counts: dict[tuple[str, str], int],
+    sources: Sequence[SourceHealth],
+    version: str,
+    outbox: dict[tuple[str, str], int] | None = None,
+) -> str:
+    """Prometheus text exposition 0.0.4: incidents by label (every category, 0 where none), source
+    counters, and alerts by sink and state (a `failed` alert is a permanent delivery failure)."""
     incidents: dict[tuple[str, str], int] = {(level_of(category), category): 0 for category in CATEGORIES}
     incidents.update(counts)
     families = [
@@ -199,6 +205,12 @@ def format_metrics(counts: dict[tuple[str, str], int], sources: Sequence[SourceH
             "gauge",
             "When the source last read or checked its input (epoch seconds).",
             [({"source": s.name}, p) for s in sources if (p := _finite(s.last_progress)) is not None],
+        ),
+        _Family(
+            "triage_alerts",
+            "gauge",
+            "Alerts in the outbox by sink and state (pending, delivered, failed: failed ones are not retried).",
+            [({"sink": sink, "state": state}, n) for (sink, state), n in sorted((outbox or {}).items())],
         ),
         _Family("triage_build_info", "gauge", "The running triage version.", [({"version": version}, 1)]),
     ]
@@ -412,7 +424,7 @@ def create_app(
         responses={200: {"content": {METRICS_CONTENT_TYPE: {}}}},
     )
     def metrics() -> Response:
-        body = format_metrics(store.label_counts(), _safe_health(health), version)
+        body = format_metrics(store.label_counts(), _safe_health(health), version, store.outbox_counts())
         return Response(body, media_type=METRICS_CONTENT_TYPE)
 
     @app.get(
@@ -428,6 +440,11 @@ def create_app(
             return IndentedJSONResponse({"status": "unhealthy", "error": str(error), "sources": []}, 503)
         status, body = health_report(sources, time.time(), stale_after)
         body["version"] = version
+        # Alert delivery is reported, not judged: a dead webhook must not get the daemon restarted.
+        alerts: dict[str, dict[str, int]] = {}
+        for (sink, state), count in store.outbox_counts().items():
+            alerts.setdefault(sink, {})[state] = count
+        body["alerts"] = alerts
         return IndentedJSONResponse(body, status)
 
     app.include_router(protected)
