@@ -328,3 +328,39 @@ def test_only_the_very_first_start_reads_existing_logs_from_their_end(tmp_path: 
     with running_daemon(tmp_path, "--kernel-source", "none") as daemon:
         daemon.wait_for(lambda incidents: len(incidents) == 1)
         assert "new.log" in json.dumps(daemon.get("/incidents")["incidents"][0]["program_failures"])
+
+
+def test_an_incident_reaches_a_chat_webhook_once_and_alert_test_works(tmp_path: Path) -> None:
+    from .support.receiver import Receiver
+
+    chat = Receiver()
+    try:
+        (tmp_path / "d").mkdir()
+        config = (
+            "[logs]\nquiet_flush = 0.2\nrescan_interval = 1.0\n"
+            f'[[alerts.sinks]]\nname = "chat"\nkind = "slack"\nurl = "{chat.url}/services/T000/B000/secret-token"\n'
+        )
+        (tmp_path / "d" / "triage.toml").write_text(config, encoding="utf-8")
+        with running_daemon(tmp_path, "--kernel-source", "none") as daemon:
+            (daemon.logs / "r0.log").write_text(TRACEBACK, encoding="utf-8")
+            daemon.wait_for(lambda incidents: len(incidents) == 1)
+            deadline = time.monotonic() + 10
+            while not chat.requests:
+                assert time.monotonic() < deadline, "no alert reached the webhook"
+                time.sleep(0.05)
+            time.sleep(1.0)  # a second message would show up by now
+            assert len(chat.requests) == 1
+            body = chat.requests[0].body
+            assert "unclassified" in body["text"] and body["blocks"]
+            health = daemon.get("/healthz")
+            assert health["alerts"] == {"chat": {"delivered": 1}}
+            assert "secret-token" not in json.dumps(health)
+        done = subprocess.run(
+            [sys.executable, "-m", "triage", "alert", "test", "chat", "--config", str(tmp_path / "d" / "triage.toml")],
+            cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "delivered" in done.stdout and "secret-token" not in done.stdout
+        assert len(chat.requests) == 2 and "TEST" in json.dumps(chat.requests[1].body).upper()
+    finally:
+        chat.stop()

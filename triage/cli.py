@@ -119,6 +119,31 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
 
+def _alert_test(args: argparse.Namespace) -> int:
+    """Send one clearly marked test message to a configured sink and say what it answered."""
+    from .alerts.formats import redact
+    from .alerts.responses import Delivered, Retry
+    from .alerts.worker import send_test
+    from .config import ConfigError, load_config
+
+    try:
+        config = load_config(Path(args.config) if args.config else None)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    sink = config.alerts.sink(args.sink)
+    if sink is None:
+        known = ", ".join(s.name for s in config.alerts.sinks) or "none configured"
+        raise UsageError(f"alert test: no sink named {args.sink!r} in [[alerts.sinks]] ({known})")
+    outcome = send_test(sink, node=config.alerts.node, base_url=config.alerts_base_url)
+    where = ", ".join(redact(url) for url in sink.targets)
+    if isinstance(outcome, Delivered):
+        print(f"{sink.name} ({sink.kind}, {where}): delivered")
+        return 0
+    verdict = "failed, would retry" if isinstance(outcome, Retry) else "failed permanently"
+    print(f"{sink.name} ({sink.kind}, {where}): {verdict}: {outcome.reason}")
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triage", description=__doc__)
     parser.add_argument("--version", action="version", version=f"triage {__version__}")
@@ -176,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--patterns", action="append", default=[], metavar="DIR", help="extra rule directory (repeatable)"
     )
     serve.set_defaults(handler=_serve)
+
+    alert = commands.add_parser("alert", help="alert sinks")
+    alert_commands = alert.add_subparsers(dest="alert_command", required=True)
+    alert_test = alert_commands.add_parser("test", help="send a test message to one configured sink")
+    alert_test.add_argument("sink", metavar="SINK-NAME", help="the name of an [[alerts.sinks]] entry")
+    alert_test.add_argument("--config", metavar="FILE", help="TOML configuration (default /etc/triage/triage.toml)")
+    alert_test.set_defaults(handler=_alert_test)
 
     patterns = commands.add_parser("patterns", help="work with pattern files")
     patterns_commands = patterns.add_subparsers(dest="patterns_command", required=True)

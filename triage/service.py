@@ -22,6 +22,7 @@ import uvicorn
 
 from . import __version__
 from .alerts.routing import alerts_for
+from .alerts.worker import AlertWorker
 from .api import create_app
 from .config import Config, ConfigError, load_config, validate
 from .engine import Engine
@@ -67,6 +68,7 @@ class Daemon:
         self._server_thread: threading.Thread | None = None
         self._processed = 0
         self._process_error: str | None = None
+        self.alerts: AlertWorker | None = None
 
     # -- sources -------------------------------------------------------------
 
@@ -174,6 +176,20 @@ class Daemon:
         if removed:
             log.info("retention removed %d incident(s)", removed)
 
+    # -- alerts --------------------------------------------------------------
+
+    def _start_alerts(self) -> None:
+        """The delivery worker drains the outbox; with no sink configured there is none."""
+        if self.alerts is not None:
+            self.alerts.stop()
+            self.alerts = None
+        if self.config.alerts.sinks:
+            self.alerts = AlertWorker(
+                self.store, self.config.alerts, base_url=self.config.alerts_base_url, node=self.config.alerts.node
+            )
+            self.alerts.start()
+            log.info("alerts: %d sink(s)", len(self.config.alerts.sinks))
+
     # -- health --------------------------------------------------------------
 
     def health(self) -> list[SourceHealth]:
@@ -239,6 +255,7 @@ class Daemon:
             return
         self._stop_pipeline()
         self.config = config
+        self._start_alerts()
         # The new sources start from the positions the old ones stored.
         self._start_pipeline(self._build_pipeline(config, engine))
         log.info("reloaded the configuration and %d rules", len(engine.catalog.rules))
@@ -258,6 +275,7 @@ class Daemon:
         horizon_start = time.time() - self.live.horizon
         self.live.restore(self.store.evidence_since(horizon_start), self.store.incidents(limit=10000)[0])
         self._processor.start()
+        self._start_alerts()
         self._start_pipeline(self._build_pipeline(self.config, self._load_engine(self.config)))
         self._start_server()
         notify("READY=1")
@@ -277,6 +295,8 @@ class Daemon:
             self._stop_pipeline()
             self._finish.set()
             self._processor.join(timeout=30)
+            if self.alerts is not None:
+                self.alerts.stop()
             self._stop_server()
             self.store.close()
         return 0
