@@ -9,7 +9,7 @@ if ! python3 -c 'import sysconfig,os,sys; sys.exit(0 if os.path.exists(os.path.j
     want+=(python3-dev python3-venv)
 fi
 if [ "$mode" = test ]; then
-    want+=(systemd systemd-journal-remote gzip logrotate util-linux)
+    want+=(systemd systemd-journal-remote gzip logrotate util-linux prometheus-alertmanager)
 fi
 missing=()
 for pkg in "${want[@]}"; do

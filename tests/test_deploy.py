@@ -143,3 +143,27 @@ def test_sysusers_creates_the_user(tmp_path: Path) -> None:
     passwd = (tmp_path / "etc" / "passwd").read_text()
     assert re.search(r"^triage:x:\d+:\d+:GPU triage daemon:/var/lib/triage:", passwd, re.M), passwd
     assert re.search(r"^triage:x:\d+:", (tmp_path / "etc" / "group").read_text(), re.M)
+
+
+AMTOOL = shutil.which("amtool")
+
+
+@pytest.mark.skipif(AMTOOL is None, reason="amtool (Debian prometheus-alertmanager) is not installed")
+def test_the_fleet_alertmanager_example_is_valid_and_routes_by_level() -> None:
+    config = str(REPO / "deploy" / "alertmanager.yml")
+    assert AMTOOL is not None
+    check = subprocess.run([AMTOOL, "check-config", config], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "1 inhibit rules" in check.stdout
+
+    def route(*labels: str) -> str:
+        done = subprocess.run(
+            [AMTOOL, "config", "routes", "test", f"--config.file={config}", *labels],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return done.stdout.strip()
+
+    assert route("alertname=GPUTriageIncident", "level=driver", "category=gpu_reset") == "node-oncall"
+    assert route("alertname=GPUTriageIncident", "level=code", "category=oom") == "platform-chat"
