@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
 from collections.abc import Iterator
@@ -264,3 +265,26 @@ def test_send_test_posts_a_marked_test_message(rx: Receiver) -> None:
     assert isinstance(failed, Permanent) and TOKEN not in failed.reason
     rx.stop()
     assert isinstance(send_test(sink(rx, "slack"), node="n", base_url="http://x", now=T0), Retry)
+
+
+def test_alertmanager_firing_alerts_are_reposted_then_resolved(store: Store, rx: Receiver) -> None:
+    from triage.store import StoredIncident
+
+    doc = document(3) | {"level": "driver", "category": "gpu_reset"}
+    store.commit(Commit(incidents=[StoredIncident("inc-0003", "driver", "gpu_reset", "fp3", T0, T0, T0, T0, doc)]))
+    am = SinkConfig(name="am", kind="alertmanager", urls=(rx.url,))
+    w = worker(store, am, alertmanager_repeat=60.0, resolve_after=300.0)
+    assert w.run_once(T0 + 1) == 1  # nothing queued: the repeat round posts what is open
+    assert w.run_once(T0 + 30) == 0  # not yet a minute
+    assert w.run_once(T0 + 62) == 1
+    firing = [a for r in rx.requests for a in r.body]
+    assert {a["labels"]["category"] for a in firing} == {"gpu_reset"}
+    assert all(a["endsAt"] > a["startsAt"] for a in firing)
+    rx.requests.clear()
+    assert w.run_once(T0 + 400) == 1  # quiet for longer than resolve_after: resolved, once
+    (resolved,) = [a for r in rx.requests for a in r.body]
+    assert resolved["labels"]["fingerprint"] == "fp3"
+    ends = datetime.datetime.fromisoformat(resolved["endsAt"].replace("Z", "+00:00")).timestamp()
+    assert abs(ends - (T0 + 400)) < 1  # resolved: ends now
+    rx.requests.clear()
+    assert w.run_once(T0 + 470) == 0 and rx.requests == []

@@ -393,6 +393,7 @@ class AlertsConfig:
     digest_window: float = _setting(10.0, _positive_number)
     update_interval: float = _setting(60.0, _positive_number)
     alertmanager_repeat: float = _setting(60.0, _positive_number)
+    resolve_after: float = _setting(900.0, _positive_number)
     sinks: tuple[SinkConfig, ...] = _tables(SinkConfig)
 
     def check(self) -> None:

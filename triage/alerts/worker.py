@@ -48,7 +48,7 @@ from ..config import AlertsConfig, SinkConfig
 from ..store import OutboxItem, Store
 from .formats import Message, Request, build, digest_for, message_for, redact
 from .responses import Delivered, Outcome, Permanent, Retry, backoff, interpret
-from .routing import labels_for
+from .routing import labels_for, sink_wants
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,9 @@ class _SinkState:
     last_error_at: float | None = None
     #: Alertmanager: seq -> the target URLs that already accepted it.
     accepted: dict[int, set[str]] = field(default_factory=dict)
+    #: Alertmanager: when firing alerts were last re-posted, and which incidents were firing.
+    last_repeat: float | None = None
+    firing: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class AlertWorker:
@@ -282,13 +285,7 @@ class AlertWorker:
             return sent
 
     def _message(self, item: OutboxItem) -> Message:
-        return message_for(
-            item.document,
-            node=self.node,
-            base_url=self.base_url,
-            kind=item.kind,
-            labels=labels_for(item.document, self.alerts),
-        )
+        return self._message_of(item.document, item.kind)
 
     def _pass(self, sink: SinkConfig, now: float) -> int:
         state = self._states[sink.name]
@@ -319,9 +316,46 @@ class AlertWorker:
             self._settle(sink, state, [item], self._send(sink, self._message(item), sink.targets[0], now), now)
         return sent
 
+    def _repeat_alertmanager(self, sink: SinkConfig, state: _SinkState, now: float) -> int:
+        """Re-post every open incident as firing each `alertmanager_repeat` seconds (Alertmanager
+        resolves what is not re-posted before its endsAt), and those that went quiet for
+        `resolve_after` once as resolved. Best effort: a missed round is repeated next round."""
+        if state.last_repeat is not None and now - state.last_repeat < self.alerts.alertmanager_repeat:
+            return 0
+        state.last_repeat = now
+        recent, _ = self.store.incidents(since=now - self.alerts.resolve_after, limit=1000)
+        open_documents = {i.id: i.document for i in recent if sink_wants(sink, i.document)}
+        messages = [self._message_of(document, "update") for document in open_documents.values()]
+        messages += [
+            self._message_of(document, "resolved")
+            for incident_id, document in state.firing.items()
+            if incident_id not in open_documents
+        ]
+        state.firing = open_documents
+        if not messages:
+            return 0
+        for url in sink.targets:
+            alerts: list[Any] = []
+            target = url
+            for message in messages:
+                request = build(sink.kind, message, url=url, secret=sink.secret or None, now=now)
+                alerts.extend(request.json)
+                target = request.url
+            outcome = _attempt(sink, Request(target, alerts), self.sender, now)
+            if not isinstance(outcome, Delivered):
+                state.last_error, state.last_error_at = scrub(str(getattr(outcome, "reason", "")), sink), now
+        return len(sink.targets)
+
+    def _message_of(self, document: dict[str, Any], kind: str) -> Message:
+        return message_for(
+            document, node=self.node, base_url=self.base_url, kind=kind, labels=labels_for(document, self.alerts)
+        )
+
     def _pass_alertmanager(self, sink: SinkConfig, state: _SinkState, now: float) -> int:
         due = self.store.due_alerts(sink.name, now, limit=DIGEST_LIMIT)
-        if not due or not state.bucket.take(now):
+        if not due:
+            return self._repeat_alertmanager(sink, state, now)
+        if not state.bucket.take(now):
             return 0
         sent = 0
         outcomes: dict[str, Outcome] = {}
