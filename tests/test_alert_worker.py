@@ -288,3 +288,25 @@ def test_alertmanager_firing_alerts_are_reposted_then_resolved(store: Store, rx:
     assert abs(ends - (T0 + 400)) < 1  # resolved: ends now
     rx.requests.clear()
     assert w.run_once(T0 + 470) == 0 and rx.requests == []
+
+
+def test_alertmanager_resolves_the_old_label_set_of_a_relabelled_incident(store: Store, rx: Receiver) -> None:
+    from triage.store import StoredIncident
+
+    code = document(4) | {"level": "code", "category": "unclassified", "fingerprint": "fp-code"}
+    queue(store, 4, sink="am")
+    store.commit(Commit(alerts=[OutboxItem("am", "inc-0004", "update", code, due=T0)]))  # the posted label set
+    am = SinkConfig(name="am", kind="alertmanager", urls=(rx.url,))
+    w = worker(store, am, alertmanager_repeat=60.0, resolve_after=300.0)
+    w.run_once(T0 + 1)
+    driver = code | {"level": "driver", "category": "gpu_reset", "fingerprint": "fp-driver"}
+    store.commit(
+        Commit(incidents=[StoredIncident("inc-0004", "driver", "gpu_reset", "fp-driver", T0, T0, T0, T0 + 2, driver)])
+    )
+    rx.requests.clear()
+    w.run_once(T0 + 62)
+    posted = [(a["labels"]["category"], a["endsAt"]) for r in rx.requests for a in r.body]
+    ends = {category: datetime.datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp() for category, at in posted}
+    assert set(ends) == {"gpu_reset", "unclassified"}
+    assert abs(ends["unclassified"] - (T0 + 62)) < 1  # the old label set: resolved now
+    assert ends["gpu_reset"] > T0 + 62 + 60  # the new one: firing

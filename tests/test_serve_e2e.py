@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -364,3 +365,106 @@ def test_an_incident_reaches_a_chat_webhook_once_and_alert_test_works(tmp_path: 
         assert len(chat.requests) == 2 and "TEST" in json.dumps(chat.requests[1].body).upper()
     finally:
         chat.stop()
+
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+@contextmanager
+def real_alertmanager(tmp_path: Path) -> Iterator[str]:
+    """A real Alertmanager on loopback, configured like deploy/alertmanager.yml but with short waits."""
+    assert ALERTMANAGER is not None
+    port = free_port()
+    (tmp_path / "am").mkdir()
+    config = tmp_path / "am" / "alertmanager.yml"
+    config.write_text(
+        "route:\n  receiver: sink\n  group_by: [alertname, job, node]\n  group_wait: 1s\n  group_interval: 1s\n"
+        "inhibit_rules:\n"
+        '  - source_matchers: [alertname="GPUTriageIncident", level="driver"]\n'
+        '    target_matchers: [alertname="GPUTriageIncident", level="code", category="collective_failure"]\n'
+        "    equal: [job]\n"
+        "receivers:\n  - name: sink\n",
+        encoding="utf-8",
+    )
+    process = subprocess.Popen(
+        [ALERTMANAGER, f"--config.file={config}", f"--storage.path={tmp_path / 'am'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "am" / "log").open("wb"),
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/-/ready", timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and process.poll() is None, (tmp_path / "am" / "log").read_text()
+                time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def am_alerts(base: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{base}/api/v2/alerts", timeout=5) as response:
+        return [a for a in json.loads(response.read()) if a["labels"].get("alertname") == "GPUTriageIncident"]
+
+
+@pytest.mark.skipif(ALERTMANAGER is None or bool(kmsg_unusable()), reason="needs prometheus-alertmanager and /dev/kmsg")
+def test_two_nodes_real_alertmanager_groups_inhibits_and_resolves(tmp_path: Path) -> None:
+    device = unique_device()
+    with real_alertmanager(tmp_path) as am:
+        for node in ("a", "b"):
+            (tmp_path / node / "d").mkdir(parents=True)
+            (tmp_path / node / "d" / "triage.toml").write_text(
+                "[logs]\nquiet_flush = 0.2\nrescan_interval = 1.0\n"
+                f'[alerts]\nnode = "node-{node}"\njob_from_path = "logs/{{job}}/rank{{rank}}.log"\n'
+                "alertmanager_repeat = 1\nresolve_after = 6\n"
+                f'[[alerts.sinks]]\nname = "am"\nkind = "alertmanager"\nurls = ["{am}"]\n',
+                encoding="utf-8",
+            )
+        start_at_end_of_ring(tmp_path / "a" / "state")
+        with (
+            running_daemon(tmp_path / "a", "--kernel-source", "kmsg") as node_a,
+            running_daemon(tmp_path / "b", "--kernel-source", "none") as node_b,
+        ):
+            # Node a: the GPU resets under rank 0. Node b: rank 1 of the same job times out waiting for it.
+            write_kmsg(f"<3>amdgpu {device}: amdgpu: GPU reset begin!")
+            (node_a.logs / "job42").mkdir()
+            (node_a.logs / "job42" / "rank0.log").write_text(TRACEBACK, encoding="utf-8")
+            (node_b.logs / "job42").mkdir()
+            (node_b.logs / "job42" / "rank1.log").write_text(
+                "[rank1]:[E1130 10:00:00.000000000 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective "
+                "operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+                "ran for 600021 milliseconds before timing out.\n",
+                encoding="utf-8",
+            )
+            deadline = time.monotonic() + 30
+            while True:
+                # One alert per node: an incident relabelled after it was posted (the traceback was
+                # read before the reset) has its first label set resolved.
+                by_node: dict[str, list[dict[str, Any]]] = {}
+                for alert in am_alerts(am):
+                    by_node.setdefault(alert["labels"]["node"], []).append(alert)
+                settled = [len(by_node.get(node, [])) for node in ("node-a", "node-b")] == [1, 1]
+                if settled and by_node["node-b"][0]["status"]["state"] == "suppressed":
+                    break
+                assert time.monotonic() < deadline, json.dumps(by_node, indent=1)[:3000]
+                time.sleep(0.2)
+            driver, code = by_node["node-a"][0], by_node["node-b"][0]
+            assert (driver["labels"]["level"], driver["labels"]["category"]) == ("driver", "gpu_reset")
+            assert (code["labels"]["level"], code["labels"]["category"]) == ("code", "collective_failure")
+            assert driver["labels"]["job"] == code["labels"]["job"] == "job42"
+            assert driver["status"]["state"] == "active" and code["status"]["inhibitedBy"]
+            with urllib.request.urlopen(f"{am}/api/v2/alerts/groups", timeout=5) as response:
+                groups = [g["labels"] for g in json.loads(response.read()) if g["alerts"]]
+            assert {(g.get("job"), g.get("node")) for g in groups} >= {("job42", "node-a"), ("job42", "node-b")}
+            time.sleep(2.5)  # re-posted every second: still firing
+            assert {a["labels"]["node"] for a in am_alerts(am)} >= {"node-a", "node-b"}
+            # Quiet for resolve_after: each daemon resolves its alert.
+            deadline = time.monotonic() + 20
+            while any(a["labels"]["node"] in ("node-a", "node-b") for a in am_alerts(am)):
+                assert time.monotonic() < deadline, json.dumps(am_alerts(am), indent=1)[:2000]
+                time.sleep(0.3)

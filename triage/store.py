@@ -439,6 +439,7 @@ class Store:
         limit: int = 100,
         cursor: str | None = None,
         include_merged: bool = False,
+        updated_since: float | None = None,
     ) -> tuple[list[StoredIncident], str | None]:
         """Newest first; `cursor` continues after the last incident of a previous page."""
         after = decode_cursor(cursor) if cursor is not None else None
@@ -448,6 +449,7 @@ class Store:
             ("sort_time <= ?", (until,) if until is not None else None),
             ("level = ?", (level,) if level is not None else None),
             ("category = ?", (category,) if category is not None else None),
+            ("updated >= ?", (updated_since,) if updated_since is not None else None),
             ("(sort_time < ? OR (sort_time = ? AND id < ?))", (after[0], after[0], after[1]) if after else None),
         )
         rows = self.db.execute(

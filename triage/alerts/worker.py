@@ -217,6 +217,8 @@ class _SinkState:
     #: Alertmanager: when firing alerts were last re-posted, and which incidents were firing.
     last_repeat: float | None = None
     firing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Posted documents whose label set an outbox alert replaced: resolved at the next round.
+    replaced: list[dict[str, Any]] = field(default_factory=list)
 
 
 class AlertWorker:
@@ -323,14 +325,20 @@ class AlertWorker:
         if state.last_repeat is not None and now - state.last_repeat < self.alerts.alertmanager_repeat:
             return 0
         state.last_repeat = now
-        recent, _ = self.store.incidents(since=now - self.alerts.resolve_after, limit=1000)
+        # Open: changed by the daemon within resolve_after (not by its evidence's own time: an
+        # old log read today is news today).
+        recent, _ = self.store.incidents(updated_since=now - self.alerts.resolve_after, limit=1000)
         open_documents = {i.id: i.document for i in recent if sink_wants(sink, i.document)}
         messages = [self._message_of(document, "update") for document in open_documents.values()]
+        # Alertmanager knows an alert by its labels: an incident that went quiet, or whose level
+        # or category changed since it was posted, has its old label set resolved.
         messages += [
             self._message_of(document, "resolved")
             for incident_id, document in state.firing.items()
-            if incident_id not in open_documents
+            if incident_id not in open_documents or _identity(open_documents[incident_id]) != _identity(document)
         ]
+        messages += [self._message_of(document, "resolved") for document in state.replaced]
+        state.replaced = []
         state.firing = open_documents
         if not messages:
             return 0
@@ -383,6 +391,11 @@ class AlertWorker:
             outcome = _combine(pending) if pending else Delivered()
             if not isinstance(outcome, Retry):
                 state.accepted.pop(seq, None)
+            if isinstance(outcome, Delivered) and item.kind != "resolved":
+                previous = state.firing.get(item.incident_id)
+                if previous is not None and _identity(previous) != _identity(item.document):
+                    state.replaced.append(previous)  # resolved at the next repeat round
+                state.firing[item.incident_id] = item.document
             self._settle(sink, state, [item], outcome, now)
         return sent
 
@@ -447,6 +460,11 @@ class AlertWorker:
                 "permanent_failures": failures,
             }
         return {"sinks": sinks, "ok": all(s["failed"] == 0 for s in sinks.values())}
+
+
+def _identity(document: dict[str, Any]) -> tuple[Any, ...]:
+    """What an Alertmanager alert of this incident is known by (its varying labels)."""
+    return (document.get("level"), document.get("category"), document.get("fingerprint"))
 
 
 def _seq(item: OutboxItem) -> int:
