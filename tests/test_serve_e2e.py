@@ -468,3 +468,49 @@ def test_two_nodes_real_alertmanager_groups_inhibits_and_resolves(tmp_path: Path
             while any(a["labels"]["node"] in ("node-a", "node-b") for a in am_alerts(am)):
                 assert time.monotonic() < deadline, json.dumps(am_alerts(am), indent=1)[:2000]
                 time.sleep(0.3)
+
+
+def test_outbox_survives_sigkill_and_a_receiver_that_is_down(tmp_path: Path) -> None:
+    from .support.receiver import Receiver
+
+    hook = Receiver()
+    hook.stop()  # down while the incidents happen
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "triage.toml").write_text(
+        "[logs]\nquiet_flush = 0.2\nrescan_interval = 1.0\n[alerts]\ndigest_window = 1\n"
+        f'[[alerts.sinks]]\nname = "hook"\nkind = "generic"\nurl = "{hook.url}/hook"\n',
+        encoding="utf-8",
+    )
+    crashes = "".join(
+        stamp(3600 * (3 - n)) + TRACEBACK.replace("unspecified launch failure", f"failure number {'abc'[n]}")
+        for n in range(3)
+    )
+    try:
+        with running_daemon(tmp_path, "--kernel-source", "none") as daemon:
+            (daemon.logs / "r0.log").write_text(crashes, encoding="utf-8")
+            daemon.wait_for(lambda incidents: len(incidents) == 3)
+            time.sleep(1.0)  # the worker has tried (connection refused) and scheduled retries
+            daemon.process.kill()
+            daemon.process.wait()
+        hook.start()
+        with running_daemon(tmp_path, "--kernel-source", "none") as daemon:
+            deadline = time.monotonic() + 60
+            delivered: list[str] = []
+            while len(set(delivered)) < 3:
+                assert time.monotonic() < deadline, f"delivered so far: {delivered}"
+                time.sleep(0.2)
+                delivered = [
+                    incident["id"]
+                    for request in hook.requests
+                    for incident in (request.body.get("incidents") or [request.body.get("incident")])
+                ]
+            time.sleep(2.0)  # anything sent twice would arrive by now
+            delivered = [
+                incident["id"]
+                for request in hook.requests
+                for incident in (request.body.get("incidents") or [request.body.get("incident")])
+            ]
+            assert sorted(delivered) == sorted(set(delivered)) and len(delivered) == 3
+            assert daemon.get("/healthz")["alerts"] == {"hook": {"delivered": 3}}
+    finally:
+        hook.stop()
