@@ -7,20 +7,10 @@ only ever compares `time`s.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .model import KernelEvent, KernelRecord, ProgramFailure
-
-
-def boot_time_of(records: Iterable[KernelRecord]) -> float | None:
-    """Realtime minus monotonic of records that carry both (journal, kern.log).
-
-    The median resists the odd record whose wall clock was stepped by NTP.
-    """
-    offsets = [r.wall - r.monotonic for r in records if r.wall is not None and r.monotonic is not None]
-    return statistics.median(offsets) if offsets else None
 
 
 def record_time(record: KernelRecord, boot_time: float | None) -> float | None:

@@ -23,11 +23,12 @@ from .clock import alignment, apply_kernel_clock
 from .correlate import correlate
 from .engine import Engine
 from .kernel.events import KernelEventBuilder
-from .kernel.formats import KernelParseStats, read_kernel_stream
+from .kernel.formats import KernelParseStats, boot_time_from, read_kernel_stream
 from .logscan import ProgramLogScanner
-from .model import Incident, KernelEvent, ProgramFailure
+from .model import Incident, KernelEvent, KernelRecord, ProgramFailure
 
 READ_SIZE = 4 * 1024 * 1024
+MAX_DATED_RECORDS = 10000
 
 
 class InputError(Exception):
@@ -149,15 +150,16 @@ def scan_kernel_log(engine: Engine, path: str, boot_time: float | None) -> tuple
     parse_stats = KernelParseStats()
     builder = KernelEventBuilder(engine.kernel_rules)
     events: list[KernelEvent] = []
-    offsets: list[float] = []
+    #: Records that carry a wall clock, kept (a few thousand at most) to work out the boot time.
+    dated: list[KernelRecord] = []
     with open_input(path) as (stream, mtime):
         reference_year = dt.datetime.fromtimestamp(mtime).year if mtime else dt.datetime.now().year
         for record in read_kernel_stream(stream, origin, reference_year=reference_year, stats=parse_stats):
-            if record.wall is not None and record.monotonic is not None and len(offsets) < 10000:
-                offsets.append(record.wall - record.monotonic)
+            if record.wall is not None and len(dated) < MAX_DATED_RECORDS:
+                dated.append(record)
             events.extend(builder.feed(record))
         events.extend(builder.flush())
-    own_boot_time = sorted(offsets)[len(offsets) // 2] if offsets else None
+    own_boot_time = boot_time_from(dated)
     apply_kernel_clock(events, boot_time if boot_time is not None else own_boot_time)
     engine.fill_hints(events)
     stats = asdict(parse_stats)
