@@ -15,7 +15,6 @@ Pure functions. The rules it follows are TAXONOMY.md's:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -23,7 +22,7 @@ import regex
 
 from . import taxonomy
 from .clock import order_key
-from .fingerprint import failure_fingerprint, incident_fingerprint
+from .fingerprint import digest, failure_fingerprint, incident_fingerprint
 from .model import Incident, KernelEvent, ProgramFailure
 
 #: Failures closer than this (seconds) belong to one crash.
@@ -341,10 +340,6 @@ def _span(ranks: list[int]) -> str:
     return ",".join(str(rank) for rank in ranks[:16]) + ("..." if len(ranks) > 16 else "")
 
 
-def _digest(*parts: object) -> str:
-    return hashlib.sha256("\x1f".join(str(part) for part in parts).encode("utf-8")).hexdigest()[:12]
-
-
 def _span_times(values: list[float | None]) -> tuple[float | None, float | None]:
     known = [value for value in values if value is not None]
     return (min(known), max(known)) if known else (None, None)
@@ -395,7 +390,7 @@ def _incident_from_crash(crash: _Crash, one_window: bool, clock_note: str) -> In
     pids = sorted({f.pid for f in crash.failures if f.pid is not None} | {e.pid for e in events if e.pid is not None})
     devices = sorted({e.device for e in events if e.device} | {f.device for f in crash.failures if f.device})
     return Incident(
-        id=_digest(fingerprint, first_seen, naming.origin, naming.line_number),
+        id=digest(fingerprint, first_seen, naming.origin, naming.line_number, length=12),
         level=level,
         category=category,
         title=title,
@@ -447,7 +442,7 @@ def _incident_from_events(events: list[KernelEvent], one_window: bool) -> Incide
     first_seen, last_seen = _span_times([e.time for e in events])
     fingerprint = incident_fingerprint(category, None, naming)
     return Incident(
-        id=_digest(fingerprint, first_seen, naming.first.origin, naming.index),
+        id=digest(fingerprint, first_seen, naming.first.origin, naming.index, length=12),
         level=level,
         category=category,
         title=naming.title,

@@ -45,8 +45,9 @@ def _frame_key(frame: Frame) -> str:
     return f"{name}:{frame.function}"
 
 
-def _digest(parts: list[str]) -> str:
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:16]
+def digest(*parts: object, length: int = 16) -> str:
+    """A short stable hash of the parts (fingerprints, incident ids, evidence keys)."""
+    return hashlib.sha256("\x1f".join(str(part) for part in parts).encode("utf-8")).hexdigest()[:length]
 
 
 def failure_signature(failure: ProgramFailure) -> list[str]:
@@ -61,7 +62,7 @@ def failure_signature(failure: ProgramFailure) -> list[str]:
 
 
 def failure_fingerprint(failure: ProgramFailure) -> str:
-    return _digest(failure_signature(failure))
+    return digest(*failure_signature(failure))
 
 
 def event_signature(event: KernelEvent) -> list[str]:
@@ -69,7 +70,7 @@ def event_signature(event: KernelEvent) -> list[str]:
 
 
 def event_fingerprint(event: KernelEvent) -> str:
-    return _digest(event_signature(event))
+    return digest(*event_signature(event))
 
 
 def incident_fingerprint(category: str, naming_failure: ProgramFailure | None, naming_event: KernelEvent | None) -> str:
@@ -79,4 +80,4 @@ def incident_fingerprint(category: str, naming_failure: ProgramFailure | None, n
         parts += failure_signature(naming_failure)
     if naming_event is not None:
         parts += event_signature(naming_event)
-    return _digest(parts)
+    return digest(*parts)

@@ -12,32 +12,28 @@ its time.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .correlate import correlate
+from .fingerprint import digest
 from .model import Frame, Incident, KernelEvent, KernelRecord, ProgramFailure
 from .render import event_to_dict, failure_to_dict, incident_to_dict, iso
 from .store import Commit, EvidenceRow, LabelChange, StoredIncident
-
-
-def _digest(*parts: object) -> str:
-    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).hexdigest()[:16]
 
 
 def event_key(event: KernelEvent) -> str:
     """Stable across restarts: where the first record came from and which it was."""
     record = event.first
     position = record.seq if record.seq is not None else (record.monotonic, record.index)
-    return f"k:{_digest(record.origin, record.boot_id, position, record.message)}"
+    return f"k:{digest(record.origin, record.boot_id, position, record.message)}"
 
 
 def failure_key(failure: ProgramFailure) -> str:
     first = failure.lines[0] if failure.lines else failure.text[:200]
-    return f"p:{_digest(failure.origin, failure.line_number, failure.time, first)}"
+    return f"p:{digest(failure.origin, failure.line_number, failure.time, first)}"
 
 
 def _epoch(value: Any) -> float | None:
@@ -202,7 +198,7 @@ class LiveCorrelator:
             {self.owner[k] for k in members if k in self.owner and self.owner[k] in self.incidents},
             key=lambda i: (self.incidents[i].created, i),
         )
-        incident_id = owners[0] if owners else f"inc-{_digest(min(members))}"
+        incident_id = owners[0] if owners else f"inc-{digest(min(members))}"
         for merged in owners[1:]:
             gone = self.incidents[merged]
             if gone.merged_into != incident_id:
