@@ -24,7 +24,7 @@ from . import __version__
 from .alerts.routing import alerts_for
 from .alerts.worker import AlertWorker
 from .api import create_app
-from .config import Config, ConfigError, load_config, validate
+from .config import Config, ConfigError, apply_overrides, load_config, validate
 from .engine import Engine
 from .live import LiveCorrelator
 from .notify import notify, watchdog_interval
@@ -262,8 +262,6 @@ class Daemon:
         notify("READY=1")
 
     def _with_overrides(self, config: Config) -> Config:
-        from .config import apply_overrides
-
         return apply_overrides(config, **self.overrides) if self.overrides else config
 
     # -- main ----------------------------------------------------------------
